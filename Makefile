@@ -1,0 +1,41 @@
+# modelswap — developer entry points. `make help` lists them.
+# Every target that runs our code depends on `setup`, so a fresh clone needs nothing else.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+PACKAGES := api/modelswap_api operator/modelswap_operator sidecar/modelswap_sidecar client/modelswap_client
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-fast lint format clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv and install everything the tests need (quick when nothing changed)
+
+$(STAMP): pyproject.toml tools/setup.sh
+	bash tools/setup.sh "$(PYTHON)" "$(VENV)"
+	@touch $@
+
+test: setup ## run every test this machine can run, slow ones included
+	$(PYTEST) --durations=15 tests
+
+test-fast: setup ## run the tests, skipping the slow ones
+	$(PYTEST) -m "not slow" tests
+
+lint: setup ## ruff, mypy --strict, import contracts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(PACKAGES)
+	$(BIN)/lint-imports
+
+format: setup ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,0 +1,52 @@
+"""Every exception the contract package raises.
+
+    ContractError
+    ├── CrdError          a CRD file is missing or malformed, or a CEL rule does not compile
+    ├── QuantityError     a quantity or duration string cannot be parsed
+    ├── ModelError        a dict does not fit the typed model (names the field path)
+    ├── ResourceError     an object failed validation; carries every FieldError
+    └── PolicyError       the effective policy (spec over defaults) breaks a rule
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from modelswap_api.field_errors import FieldError
+
+
+class ContractError(Exception):
+    """Base of the contract package's errors."""
+
+
+class CrdError(ContractError):
+    """A CRD is missing or malformed."""
+
+
+class QuantityError(ContractError, ValueError):
+    """A quantity or duration string is not valid."""
+
+
+class ModelError(ContractError, ValueError):
+    """A value does not fit the typed model; the message names the field path."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class _FieldErrorsMixin(ContractError):
+    def __init__(self, errors: Sequence[FieldError], context: str = "") -> None:
+        self.errors = tuple(errors)
+        lines = "; ".join(str(e) for e in self.errors)
+        super().__init__(f"{context}: {lines}" if context else lines)
+
+
+class ResourceError(_FieldErrorsMixin):
+    """An object failed validation."""
+
+
+class PolicyError(_FieldErrorsMixin):
+    """The effective policy breaks a rule (after merging spec over defaults)."""

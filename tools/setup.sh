@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates the project's virtualenv and installs modelswap (editable) with everything the
+# tests need. Called by `make setup`; safe to run again.
+set -euo pipefail
+python=${1:-python3.11}
+venv=${2:-.venv}
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet -e '.[dev]'
