@@ -10,3 +10,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e '.[dev]'
+"$venv/bin/python" tools/install_kube_tools.py "$venv/bin"
