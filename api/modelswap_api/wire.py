@@ -2,11 +2,42 @@
 
 Standard library only: the client library imports this module inside model processes
 (Triton python-backend stubs) whose environment has none of our other dependencies.
+
+The client protocol (DESIGN.md §3) runs over a Unix `SOCK_SEQPACKET` socket. Every packet
+is one UTF-8 JSON object; file descriptors travel beside it as `SCM_RIGHTS`, at most
+`MAX_FDS_PER_PACKET` per packet. A message with more fds sends the first batch with its
+JSON and the rest in `fds` continuation packets right after it (the sender holds its send
+lock across them, and a socket has one reader, so they arrive in order). A truncated
+control message (`MSG_CTRUNC`) closes what did arrive and raises `ProtocolError`.
+
+A message is `{"op", "id", "epoch", "body"}`; a reply is op `reply` with `re` = the
+request's id, `ok`, and either a `body` or an `error` `{code, message}`. Either side sends
+requests: the client registers, attaches regions, commits loaded weights, asks for a
+swap-in, readopts and sends heartbeats; the agent asks the client to quiesce, save, unmap,
+map, restore and resume. Every reply carries the model's epoch; a request for an older
+epoch than the receiver knows is answered `Stale` and otherwise ignored. Body fields that
+refer to fds hold indexes into the message's fd list.
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
 import enum
+import json
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+#: Linux's SCM_MAX_FD is 253 fds per control message.
+MAX_FDS_PER_PACKET = 253
+#: Biggest JSON packet either side sends or accepts.
+MAX_PACKET_BYTES = 1 << 20
 
 
 class ErrorCode(enum.StrEnum):
@@ -23,3 +54,368 @@ class ErrorCode(enum.StrEnum):
     NOT_VOUCHED = "NotVouched"
     BAD_SOURCE = "BadSource"
     INTERNAL = "Internal"
+    PROTOCOL = "Protocol"
+    TIMEOUT = "Timeout"
+    CLIENT_GONE = "ClientGone"
+    ROLLED_BACK = "RolledBack"
+    WRONG_STATE = "WrongState"
+
+
+class Op(enum.StrEnum):
+    # client → agent
+    REGISTER = "register"  # {model, instance, pid, version} → {epoch, state}
+    ATTACH = "attach"  # {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}]}
+    COMMIT = "commit"  # weights loaded: agent sends SAVE for weights, then answers
+    SWAP_IN = "swap_in"  # in_use() on a swapped-out model → {epoch}
+    READOPT = "readopt"  # {state, epoch, regions: [... chunks: [{offset, bytes, fd}]]}
+    HEARTBEAT = "heartbeat"
+    # agent → client
+    QUIESCE = "quiesce"  # drain in_use(), synchronize, run swap-out handlers
+    SAVE = "save"  # {regions: [{tag, fd, bytes}]} copy device → host file fds (writable)
+    UNMAP = "unmap"  # {kv_discarded: bool} unmap every region, drop handles
+    MAP = "map"  # {regions: [{tag, chunks: [{offset, bytes, fd}]}]}
+    RESTORE = "restore"  # {regions: [{tag, fd, bytes} | {tag, fresh: true}]}
+    RESUME = "resume"  # swap-out rolled back, or swap-in finished: {state}
+    # both
+    REPLY = "reply"
+    FDS = "fds"  # continuation packet carrying more fds of the previous message
+
+
+class RegionKind(enum.StrEnum):
+    WEIGHTS = "weights"  # written once after load, kept in the host store, read-only there
+    KV = "kv"  # saved on swap-out when the policy says `preserve`
+    SCRATCH = "scratch"  # never saved
+
+
+class KvMode(enum.StrEnum):
+    DISCARD = "discard"
+    PRESERVE = "preserve"
+
+
+class ProtocolError(Exception):
+    """A malformed or truncated packet; the connection should be closed."""
+
+
+class RemoteError(Exception):
+    """The peer answered a request with an error."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class Message:
+    op: Op
+    msg_id: int
+    epoch: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    #: fds received (owned by the receiver) or to send (still owned by the sender)
+    fds: list[int] = field(default_factory=list)
+    # replies only
+    re: int = 0
+    ok: bool = True
+    error_code: ErrorCode | None = None
+    error_message: str = ""
+
+    def raise_for_error(self) -> None:
+        if not self.ok:
+            raise RemoteError(self.error_code or ErrorCode.INTERNAL, self.error_message)
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+
+def reply_to(
+    request: Message, epoch: int, body: dict[str, Any] | None = None, fds: list[int] | None = None
+) -> Message:
+    return Message(Op.REPLY, 0, epoch, body or {}, fds or [], re=request.msg_id)
+
+
+def error_reply(request: Message, epoch: int, code: ErrorCode, message: str) -> Message:
+    return Message(
+        Op.REPLY, 0, epoch, {}, [], re=request.msg_id, ok=False, error_code=code,
+        error_message=message,
+    )  # fmt: skip
+
+
+def _encode(message: Message, nfds: int) -> bytes:
+    doc: dict[str, Any] = {
+        "op": str(message.op),
+        "id": message.msg_id,
+        "epoch": message.epoch,
+        "body": message.body,
+        "nfds": nfds,
+    }
+    if message.op is Op.REPLY:
+        doc["re"] = message.re
+        doc["ok"] = message.ok
+        if not message.ok:
+            doc["error"] = {"code": str(message.error_code), "message": message.error_message}
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if len(data) > MAX_PACKET_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_PACKET_BYTES}")
+    return data
+
+
+def _decode(data: bytes) -> tuple[Message, int]:
+    try:
+        doc = json.loads(data)
+        op = Op(doc["op"])
+        message = Message(op, int(doc["id"]), int(doc.get("epoch", 0)), dict(doc.get("body", {})))
+        if op is Op.REPLY:
+            message.re = int(doc["re"])
+            message.ok = bool(doc["ok"])
+            if not message.ok:
+                error = doc.get("error", {})
+                message.error_code = ErrorCode(error.get("code", ErrorCode.INTERNAL))
+                message.error_message = str(error.get("message", ""))
+        return message, int(doc.get("nfds", 0))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProtocolError(f"malformed packet: {e}") from e
+
+
+class Channel:
+    """One end of a client-protocol socket: thread-safe sends, one reader.
+
+    `send` never closes the fds it sends. `recv` returns None at end of stream; the fds of
+    a returned message belong to the caller.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._next_id = 1
+        self._id_lock = threading.Lock()
+
+    def next_id(self) -> int:
+        with self._id_lock:
+            value = self._next_id
+            self._next_id += 1
+            return value
+
+    def send(self, message: Message) -> None:
+        fds = list(message.fds)
+        data = _encode(message, len(fds))
+        with self._send_lock:
+            first, rest = fds[:MAX_FDS_PER_PACKET], fds[MAX_FDS_PER_PACKET:]
+            self._sendmsg(data, first)
+            while rest:
+                batch, rest = rest[:MAX_FDS_PER_PACKET], rest[MAX_FDS_PER_PACKET:]
+                cont = Message(Op.FDS, 0, message.epoch, {}, re=message.msg_id)
+                self._sendmsg(_encode(cont, len(batch)), batch)
+
+    def _sendmsg(self, data: bytes, fds: list[int]) -> None:
+        ancillary = []
+        if fds:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = self.sock.sendmsg([data], ancillary)
+        if sent != len(data):
+            raise ProtocolError(f"short send: {sent} of {len(data)} bytes")
+
+    def _recv_packet(self) -> tuple[bytes, list[int]] | None:
+        fd_bytes = socket.CMSG_SPACE(MAX_FDS_PER_PACKET * array.array("i").itemsize)
+        data, ancdata, flags, _ = self.sock.recvmsg(MAX_PACKET_BYTES, fd_bytes)
+        fds: list[int] = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arr = array.array("i")
+                arr.frombytes(payload[: len(payload) - (len(payload) % arr.itemsize)])
+                fds.extend(arr)
+        if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"truncated packet (flags {flags:#x}): fds or data lost")
+        if not data and not fds:
+            return None
+        return data, fds
+
+    def recv(self) -> Message | None:
+        packet = self._recv_packet()
+        if packet is None:
+            return None
+        data, fds = packet
+        message, nfds = _decode(data)
+        try:
+            while len(fds) < nfds:
+                more = self._recv_packet()
+                if more is None:
+                    raise ProtocolError("stream ended inside a multi-packet message")
+                cont, _ = _decode(more[0])
+                fds.extend(more[1])
+                if cont.op is not Op.FDS or cont.re != message.msg_id:
+                    raise ProtocolError(f"expected fds continuation, got {cont.op}")
+            if len(fds) != nfds:
+                raise ProtocolError(f"expected {nfds} fds, received {len(fds)}")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        message.fds = fds
+        return message
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class ConnectionLost(Exception):  # noqa: N818 - reads as the event
+    """The peer closed the socket (or died) before answering."""
+
+
+RequestHandler = Callable[["Peer", Message], "Message | None"]
+
+
+class PendingReply:
+    """A request in flight; `wait` returns its reply (whose fds the caller then owns)."""
+
+    def __init__(self, peer: Peer, msg_id: int) -> None:
+        self._peer = peer
+        self.msg_id = msg_id
+        self._done = threading.Event()
+        self._reply: Message | None = None
+        self._lost = False
+
+    def _finish(self, reply: Message | None) -> None:
+        self._reply = reply
+        self._lost = reply is None
+        self._done.set()
+
+    def wait(self, timeout_seconds: float | None = None) -> Message:
+        if not self._done.wait(timeout_seconds):
+            self._peer._forget(self.msg_id)
+            if self._done.is_set() and self._reply is not None:  # raced with the reply
+                self._reply.close_fds()
+            raise TimeoutError(f"no reply to request {self.msg_id} in {timeout_seconds} s")
+        if self._lost or self._reply is None:
+            raise ConnectionLost(f"{self._peer.name}: connection lost")
+        return self._reply
+
+
+class Peer:
+    """Requests and replies over a `Channel`, both ways, with one reader thread.
+
+    Incoming requests run `handler` on their own thread (a request may wait on the
+    requests it sends back); its returned message is sent as the reply, an exception
+    becomes an `Internal` error reply. `on_close` runs once when the stream ends.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        handler: RequestHandler,
+        on_close: Callable[[Peer], None] | None = None,
+        name: str = "peer",
+    ) -> None:
+        self.channel = Channel(sock)
+        self.name = name
+        self._handler = handler
+        self._on_close = on_close
+        self._pending: dict[int, PendingReply] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> None:
+        self._reader.start()
+
+    def peer_pid(self) -> int:
+        """The connected process's pid, from `SO_PEERCRED` (set when it connected)."""
+        creds = self.channel.sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+        )
+        pid, _uid, _gid = struct.unpack("3i", creds)
+        return int(pid)
+
+    def request_start(
+        self, op: Op, body: dict[str, Any] | None = None, epoch: int = 0,
+        fds: list[int] | None = None,
+    ) -> PendingReply:  # fmt: skip
+        msg_id = self.channel.next_id()
+        pending = PendingReply(self, msg_id)
+        with self._lock:
+            if self._closed:
+                raise ConnectionLost(f"{self.name}: connection closed")
+            self._pending[msg_id] = pending
+        try:
+            self.channel.send(Message(op, msg_id, epoch, body or {}, fds or []))
+        except OSError as e:
+            self._forget(msg_id)
+            raise ConnectionLost(f"{self.name}: send failed: {e}") from e
+        return pending
+
+    def request(
+        self, op: Op, body: dict[str, Any] | None = None, epoch: int = 0,
+        fds: list[int] | None = None, timeout_seconds: float | None = None,
+    ) -> Message:  # fmt: skip
+        """Send a request and wait for its reply (raises `RemoteError` for error replies)."""
+        reply = self.request_start(op, body, epoch, fds).wait(timeout_seconds)
+        if not reply.ok:
+            reply.close_fds()
+            reply.raise_for_error()
+        return reply
+
+    def _forget(self, msg_id: int) -> None:
+        with self._lock:
+            self._pending.pop(msg_id, None)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    message = self.channel.recv()
+                except (OSError, ProtocolError):
+                    break
+                if message is None:
+                    break
+                if message.op is Op.REPLY:
+                    with self._lock:
+                        pending = self._pending.pop(message.re, None)
+                    if pending is None:
+                        message.close_fds()  # the requester gave up (timeout)
+                    else:
+                        pending._finish(message)
+                    continue
+                threading.Thread(
+                    target=self._serve, args=(message,), name=f"{self.name}-{message.op}",
+                    daemon=True,
+                ).start()  # fmt: skip
+        finally:
+            self.close()
+
+    def _serve(self, message: Message) -> None:
+        try:
+            reply = self._handler(self, message)
+        except RemoteError as e:
+            message.close_fds()
+            reply = error_reply(message, message.epoch, e.code, e.message)
+        except Exception as e:
+            message.close_fds()
+            reply = error_reply(message, message.epoch, ErrorCode.INTERNAL, repr(e))
+        if reply is None:
+            return
+        reply.re = message.msg_id
+        with contextlib.suppress(OSError):
+            self.channel.send(reply)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending.values())
+            self._pending.clear()
+        self.channel.close()
+        for p in pending:
+            p._finish(None)
+        if self._on_close is not None:
+            self._on_close(self)

@@ -1,0 +1,362 @@
+"""The `sim` mapper: memfd chunks mapped at fixed addresses, copies on worker threads.
+
+It enforces the CUDA rules of `base` (2 MiB granularity, access set after map, whole
+mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-shaped.
+Pacing (`bandwidth_bytes_per_second`) slows every copy to a link bandwidth below this
+machine's copy ceiling; results measured with it are "scaled", never real link speeds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import queue
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from modelswap_client import _libc
+from modelswap_client.mappers.base import (
+    GRANULARITY_BYTES,
+    CopyError,
+    CopyEvent,
+    Handle,
+    HostBuffer,
+    Mapper,
+    MapperError,
+    Reservation,
+)
+
+
+@dataclass(slots=True)
+class _Mapping:
+    address: int
+    size_bytes: int
+    handle_id: int
+    access: int  # _libc.PROT_* bits; PROT_NONE until set_access
+
+
+class _Event(CopyEvent):
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._done.set()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_seconds: float | None = None) -> None:
+        if not self._done.wait(timeout_seconds):
+            raise TimeoutError("copy still running")
+        if self.error is not None:
+            raise CopyError(f"copy failed: {self.error}") from self.error
+
+
+_Job = tuple[Callable[[], None], _Event] | None
+
+
+class _Stream:
+    """An in-order copy queue served by one thread (a CUDA stream's host analogue)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._pending: set[_Event] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Callable[[], None]) -> _Event:
+        event = _Event()
+        with self._lock:
+            self._pending.add(event)
+        self._queue.put((work, event))
+        return event
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            work, event = job
+            error: BaseException | None = None
+            try:
+                work()
+            except BaseException as e:
+                error = e
+            with self._lock:
+                self._pending.discard(event)
+            event.finish(error)
+
+    def pending(self) -> list[_Event]:
+        with self._lock:
+            return list(self._pending)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+
+class SimMapper(Mapper):
+    name = "sim"
+
+    def __init__(self, *, streams: int = 2, bandwidth_bytes_per_second: float = 0.0) -> None:
+        if streams < 1:
+            raise MapperError("streams must be at least 1")
+        _libc.raise_fd_limit()
+        self.bandwidth_bytes_per_second = bandwidth_bytes_per_second
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._reservations: dict[int, Reservation] = {}
+        self._handles: dict[int, tuple[int, int]] = {}  # handle_id → (kept fd, size)
+        self._mappings: dict[int, _Mapping] = {}  # address → mapping
+        self._starts: list[int] = []  # sorted mapping addresses
+        self._host: dict[int, HostBuffer] = {}
+        self._streams = [_Stream(f"modelswap-copy-{i}") for i in range(streams)]
+
+    # -- address space ---------------------------------------------------------------
+
+    def granularity_bytes(self) -> int:
+        return GRANULARITY_BYTES
+
+    def _aligned(self, *values: int) -> None:
+        for value in values:
+            if value % GRANULARITY_BYTES:
+                raise MapperError(f"{value:#x} is not a multiple of {GRANULARITY_BYTES} bytes")
+
+    def reserve(self, size_bytes: int) -> Reservation:
+        self._aligned(size_bytes)
+        if size_bytes <= 0:
+            raise MapperError("cannot reserve zero bytes")
+        span = size_bytes + GRANULARITY_BYTES
+        flags = _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_NORESERVE
+        try:
+            raw = _libc.mmap(0, span, _libc.PROT_NONE, flags)
+        except OSError as e:
+            raise MapperError(f"reserve of {size_bytes} bytes failed: {e}") from e
+        start = -(-raw // GRANULARITY_BYTES) * GRANULARITY_BYTES
+        if start > raw:
+            _libc.munmap(raw, start - raw)
+        tail = raw + span - (start + size_bytes)
+        if tail:
+            _libc.munmap(start + size_bytes, tail)
+        reservation = Reservation(start, size_bytes)
+        with self._lock:
+            self._reservations[start] = reservation
+        return reservation
+
+    def free_reservation(self, reservation: Reservation) -> None:
+        with self._lock:
+            if self._reservations.get(reservation.address) != reservation:
+                raise MapperError(f"no reservation at {reservation.address:#x}")
+            if self._overlapping(reservation.address, reservation.size_bytes):
+                raise MapperError("reservation still has mappings; unmap them first")
+            del self._reservations[reservation.address]
+        _libc.munmap(reservation.address, reservation.size_bytes)
+
+    def _reservation_of(self, address: int, size_bytes: int) -> Reservation:
+        for r in self._reservations.values():
+            if r.address <= address and address + size_bytes <= r.address + r.size_bytes:
+                return r
+        raise MapperError(f"[{address:#x}, +{size_bytes}) is not inside one reservation")
+
+    def _overlapping(self, address: int, size_bytes: int) -> list[_Mapping]:
+        end = address + size_bytes
+        i = bisect.bisect_right(self._starts, address) - 1
+        found = []
+        for start in self._starts[max(i, 0) :]:
+            if start >= end:
+                break
+            m = self._mappings[start]
+            if m.address + m.size_bytes > address:
+                found.append(m)
+        return found
+
+    # -- handles ---------------------------------------------------------------------
+
+    def import_fd(self, fd: int, size_bytes: int) -> Handle:
+        try:
+            self._aligned(size_bytes)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size < size_bytes:
+                raise MapperError(f"fd {fd} is not a chunk of at least {size_bytes} bytes")
+            kept = os.dup(fd)  # the readopt dup; it is the handle, as a CUDA handle would be
+        finally:
+            os.close(fd)
+        handle = Handle(next(self._ids), size_bytes)
+        with self._lock:
+            self._handles[handle.handle_id] = (kept, size_bytes)
+        return handle
+
+    def export_fd(self, handle: Handle) -> int:
+        with self._lock:
+            kept, _ = self._require_handle(handle)
+            return os.dup(kept)
+
+    def _require_handle(self, handle: Handle) -> tuple[int, int]:
+        entry = self._handles.get(handle.handle_id)
+        if entry is None:
+            raise MapperError(f"unknown or released handle {handle.handle_id}")
+        return entry
+
+    def release(self, handle: Handle) -> None:
+        with self._lock:
+            kept, _ = self._require_handle(handle)
+            if any(m.handle_id == handle.handle_id for m in self._mappings.values()):
+                raise MapperError(f"handle {handle.handle_id} is still mapped")
+            del self._handles[handle.handle_id]
+        os.close(kept)
+
+    # -- mapping ---------------------------------------------------------------------
+
+    def map(self, address: int, size_bytes: int, handle: Handle, offset_bytes: int = 0) -> None:
+        self._aligned(address, size_bytes, offset_bytes)
+        with self._lock:
+            kept, chunk_bytes = self._require_handle(handle)
+            if offset_bytes + size_bytes > chunk_bytes or size_bytes <= 0:
+                raise MapperError("mapping exceeds the chunk")
+            self._reservation_of(address, size_bytes)
+            if self._overlapping(address, size_bytes):
+                raise MapperError(f"[{address:#x}, +{size_bytes}) is already mapped")
+            flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
+            rw = _libc.PROT_READ | _libc.PROT_WRITE
+            try:
+                _libc.mmap(address, size_bytes, rw, flags, kept, offset_bytes)
+                # CUDA maps without access until cuMemSetAccess; so do we (the pages stay
+                # populated, the page-table entries only lose their permission bits).
+                _libc.mprotect(address, size_bytes, _libc.PROT_NONE)
+            except OSError as e:
+                self._cover(address, size_bytes)
+                raise MapperError(f"map at {address:#x} failed: {e}") from e
+            self._mappings[address] = _Mapping(address, size_bytes, handle.handle_id, 0)
+            bisect.insort(self._starts, address)
+
+    def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
+        self._aligned(address, size_bytes)
+        prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
+        with self._lock:
+            covered = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
+            cursor = address
+            for m in covered:
+                if m.address != cursor:
+                    break
+                cursor = m.address + m.size_bytes
+            if not covered or cursor != address + size_bytes:
+                raise MapperError("set_access must cover whole, contiguous mappings")
+            _libc.mprotect(address, size_bytes, prot)
+            for m in covered:
+                m.access = prot
+
+    def _cover(self, address: int, size_bytes: int) -> None:
+        flags = _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_FIXED | _libc.MAP_NORESERVE
+        _libc.mmap(address, size_bytes, _libc.PROT_NONE, flags)
+
+    def unmap(self, address: int, size_bytes: int) -> None:
+        with self._lock:
+            m = self._mappings.get(address)
+            if m is None or m.size_bytes != size_bytes:
+                raise MapperError(
+                    f"unmap [{address:#x}, +{size_bytes}) is not exactly one whole mapping"
+                )
+            busy = [e for s in self._streams for e in s.pending()]
+            if busy:
+                raise MapperError("copies are in flight; synchronize() before unmap")
+            self._cover(address, size_bytes)
+            del self._mappings[address]
+            self._starts.remove(address)
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """(address, size) of every live mapping; for tests and diagnostics."""
+        with self._lock:
+            return [(m.address, m.size_bytes) for m in self._mappings.values()]
+
+    # -- host buffers and copies -------------------------------------------------------
+
+    def map_host(self, fd: int, size_bytes: int, *, writable: bool = False) -> HostBuffer:
+        prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
+        try:
+            address = _libc.mmap(0, size_bytes, prot, _libc.MAP_SHARED | _libc.MAP_POPULATE, fd)
+        except OSError as e:
+            raise MapperError(f"map_host of fd {fd} failed: {e}") from e
+        buffer = HostBuffer(address, size_bytes, writable)
+        with self._lock:
+            self._host[address] = buffer
+        return buffer
+
+    def unmap_host(self, buffer: HostBuffer) -> None:
+        with self._lock:
+            if self._host.pop(buffer.address, None) is None:
+                raise MapperError(f"no host buffer at {buffer.address:#x}")
+        _libc.munmap(buffer.address, buffer.size_bytes)
+
+    def _check_device(self, address: int, size_bytes: int, prot: int) -> None:
+        with self._lock:
+            ms = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
+            cursor = address
+            for m in ms:
+                if m.address > cursor or m.access & prot != prot:
+                    break
+                cursor = m.address + m.size_bytes
+            if cursor < address + size_bytes:
+                raise MapperError(
+                    f"device range [{address:#x}, +{size_bytes}) is not mapped with access"
+                )
+
+    def _check_host(self, address: int, size_bytes: int, writable: bool) -> None:
+        with self._lock:
+            for b in self._host.values():
+                if b.address <= address and address + size_bytes <= b.address + b.size_bytes:
+                    if writable and not b.writable:
+                        raise MapperError("host buffer is read-only")
+                    return
+        raise MapperError(f"host range [{address:#x}, +{size_bytes}) is not a host buffer")
+
+    def stream_count(self) -> int:
+        return len(self._streams)
+
+    def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
+        bandwidth = self.bandwidth_bytes_per_second
+
+        def work() -> None:
+            started = time.perf_counter()
+            _libc.memmove(dst, src, size_bytes)
+            if bandwidth > 0:
+                remaining = size_bytes / bandwidth - (time.perf_counter() - started)
+                if remaining > 0:
+                    time.sleep(remaining)
+
+        return self._streams[stream % len(self._streams)].submit(work)
+
+    def copy_to_device(
+        self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
+    ) -> CopyEvent:
+        self._check_device(dst_address, size_bytes, _libc.PROT_READ | _libc.PROT_WRITE)
+        self._check_host(src_address, size_bytes, writable=False)
+        return self._submit(stream, dst_address, src_address, size_bytes)
+
+    def copy_to_host(
+        self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
+    ) -> CopyEvent:
+        self._check_device(src_address, size_bytes, _libc.PROT_READ)
+        self._check_host(dst_address, size_bytes, writable=True)
+        return self._submit(stream, dst_address, src_address, size_bytes)
+
+    def synchronize(self) -> None:
+        errors = []
+        for s in self._streams:
+            for event in s.pending():
+                try:
+                    event.wait()
+                except CopyError as e:
+                    errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for s in self._streams:
+            s.stop()
