@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
 
 from modelswap_api.errors import CrdError
 
@@ -45,14 +48,14 @@ class Rule:
 
     def holds(self, value: Any, old_value: Any = None) -> bool:
         """True when the rule holds for `value`; an evaluation error counts as a failure."""
-        activation: dict[str, Any] = {"self": celpy.json_to_cel(value)}
+        activation: dict[str, Any] = {"self": json_to_cel(value)}
         if self.is_transition_rule:
-            activation["oldSelf"] = celpy.json_to_cel(old_value)
+            activation["oldSelf"] = json_to_cel(old_value)
         try:
             result = self.program.evaluate(activation)
-        except celpy.CELEvalError:
+        except CELEvalError:
             return False
-        if isinstance(result, celpy.CELEvalError):
+        if isinstance(result, CELEvalError):
             return False
         return bool(result)
 
@@ -64,7 +67,7 @@ def compile_rule(entry: Mapping[str, Any], where: str) -> Rule:
         raise CrdError(f"{where}: x-kubernetes-validations entry without a rule")
     try:
         program = _ENV.program(_ENV.compile(text), functions=_FUNCTIONS)
-    except celpy.CELParseError as e:
+    except CELParseError as e:
         raise CrdError(f"{where}: CEL rule {text!r} does not compile: {e}") from e
     return Rule(
         rule=text,

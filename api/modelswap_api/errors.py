@@ -1,11 +1,11 @@
 """Every exception the contract package raises.
 
-    ContractError
-    ├── CrdError          a CRD file is missing or malformed, or a CEL rule does not compile
-    ├── QuantityError     a quantity or duration string cannot be parsed
-    ├── ModelError        a dict does not fit the typed model (names the field path)
-    ├── ResourceError     an object failed validation; carries every FieldError
-    └── PolicyError       the effective policy (spec over defaults) breaks a rule
+ContractError
+├── CrdError          a CRD file is missing or malformed, or a CEL rule does not compile
+├── QuantityError     a quantity or duration string cannot be parsed
+├── ModelError        a dict does not fit the typed model (names the field path)
+├── ResourceError     an object failed validation; carries every FieldError
+└── PolicyError       the effective policy (spec over defaults) breaks a rule
 """
 
 from __future__ import annotations
@@ -37,16 +37,18 @@ class ModelError(ContractError, ValueError):
         self.path = path
 
 
-class _FieldErrorsMixin(ContractError):
+class InvalidFieldsError(ContractError):
+    """Problems with named fields."""
+
     def __init__(self, errors: Sequence[FieldError], context: str = "") -> None:
         self.errors = tuple(errors)
         lines = "; ".join(str(e) for e in self.errors)
         super().__init__(f"{context}: {lines}" if context else lines)
 
 
-class ResourceError(_FieldErrorsMixin):
+class ResourceError(InvalidFieldsError):
     """An object failed validation."""
 
 
-class PolicyError(_FieldErrorsMixin):
+class PolicyError(InvalidFieldsError):
     """The effective policy breaks a rule (after merging spec over defaults)."""

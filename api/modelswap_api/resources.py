@@ -35,7 +35,8 @@ def validate_resource(
     api_version = obj.get("apiVersion")
     kind = obj.get("kind")
     if api_version != crds.API_VERSION:
-        message = f'Unsupported value: {fe.show_value(api_version)}: supported values: "{crds.API_VERSION}"'
+        shown = fe.show_value(api_version)
+        message = f'Unsupported value: {shown}: supported values: "{crds.API_VERSION}"'
         return ValidationResult(dict(obj), (FieldError("apiVersion", fe.NOT_SUPPORTED, message),))
     try:
         validator = validator_for(str(kind))
@@ -45,7 +46,8 @@ def validate_resource(
     errors = list(_metadata_errors(obj.get("metadata")))
     if field_validation == "Strict":
         errors += [
-            FieldError(path, fe.UNKNOWN, f'unknown field "{path}"') for path in result.unknown_fields
+            FieldError(path, fe.UNKNOWN, f'unknown field "{path}"')
+            for path in result.unknown_fields
         ]
     return ValidationResult(result.object, (*errors, *result.errors), result.unknown_fields)
 
@@ -55,8 +57,16 @@ def _metadata_errors(metadata: Any) -> list[FieldError]:
         return [FieldError("metadata", fe.REQUIRED, "Required value")]
     name = metadata.get("name")
     if not name and not metadata.get("generateName"):
-        return [FieldError("metadata.name", fe.REQUIRED, "Required value: name or generateName is required")]
-    if name and (not isinstance(name, str) or len(name) > _DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN_RE.match(name)):
+        return [
+            FieldError(
+                "metadata.name", fe.REQUIRED, "Required value: name or generateName is required"
+            )
+        ]
+    if name and (
+        not isinstance(name, str)
+        or len(name) > _DNS_SUBDOMAIN_MAX
+        or not _DNS_SUBDOMAIN_RE.match(name)
+    ):
         return [
             FieldError(
                 "metadata.name",

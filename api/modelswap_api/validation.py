@@ -28,9 +28,7 @@ from modelswap_api.field_errors import FieldError, join_path, show_value
 FieldValidation = Literal["Strict", "Warn", "Ignore"]
 
 _ROOT_PASSTHROUGH = frozenset({"apiVersion", "kind", "metadata"})
-_RFC3339_RE = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
-)
+_RFC3339_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _INT_FORMAT_BOUNDS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 # Keywords with the same meaning in OpenAPI 3.0 schemas and JSON Schema draft 4.
 _KEPT_KEYWORDS = frozenset(
@@ -192,9 +190,9 @@ class SchemaValidator:
 
 def _translate(error: jsonschema.ValidationError, path: str) -> Iterator[FieldError]:
     """A jsonschema error worded as kube-apiserver words the same problem."""
-    kind = error.validator
-    expected = error.validator_value
-    value = error.instance
+    kind = str(error.validator)
+    expected: Any = error.validator_value
+    value: Any = error.instance
     shown = show_value(value)
     if kind == "required":
         for name in expected:
@@ -230,7 +228,7 @@ def _translate(error: jsonschema.ValidationError, path: str) -> Iterator[FieldEr
         "minLength": f"{path} in body should be at least {expected} chars long",
         "minItems": f"{path} in body should have at least {expected} items",
         "format": f"{path} in body must be of type {expected}: {shown}",
-    }.get(str(kind), error.message)
+    }.get(kind, error.message)
     yield FieldError(path, fe.INVALID, f"Invalid value: {shown}: {detail}")
 
 
@@ -263,9 +261,7 @@ def _prune(node: _Node, value: Any, path: str, unknown: list[str], *, at_root: b
             _prune(node.properties[key], value[key], child_path, unknown, at_root=False)
         elif node.additional is not None:
             _prune(node.additional, value[key], child_path, unknown, at_root=False)
-        elif node.additional_any or node.preserve_unknown:
-            continue
-        elif at_root and key in _ROOT_PASSTHROUGH:
+        elif node.additional_any or node.preserve_unknown or (at_root and key in _ROOT_PASSTHROUGH):
             continue
         else:
             unknown.append(child_path)
@@ -307,11 +303,14 @@ def _cel_errors(
             if rule.is_transition_rule and old is None:
                 continue
             if not rule.holds(value, old):
-                where = path + rule.field_path if rule.field_path.startswith("[") else (
-                    join_path(path, rule.field_path.lstrip(".")) if rule.field_path else path
+                where = (
+                    path + rule.field_path
+                    if rule.field_path.startswith("[")
+                    else (join_path(path, rule.field_path.lstrip(".")) if rule.field_path else path)
                 )
-                yield FieldError(where, rule.reason, f"Invalid value: {show_value(value)}: "
-                                 f"{rule.message}")
+                yield FieldError(
+                    where, rule.reason, f"Invalid value: {show_value(value)}: {rule.message}"
+                )
     if isinstance(value, dict):
         old_map = old if isinstance(old, dict) else {}
         for key, child in node.properties.items():

@@ -1,0 +1,246 @@
+"""Typed models of ModelDeployment and SwapNode (frozen dataclasses, camelCase on the wire).
+
+Build them from validated dicts (`modelswap_api.resources.validate_resource`) with
+`ModelDeployment.from_dict`; quantities and durations keep the text as written (round
+trips are exact) and expose `.bytes` / `.seconds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from modelswap_api import codec
+from modelswap_api.quantities import Duration, Quantity
+
+Phase = Literal[
+    "Pending", "Placed", "Loading", "Resident", "SwappingOut", "SwappedOut",
+    "SwappingIn", "Dropped", "Failed", "Deleting",
+]  # fmt: skip
+OnSwapOut = Literal["host", "drop"]
+KvMode = Literal["discard", "preserve"]
+
+
+class _Wire:
+    """Mixin: `from_dict` / `to_dict` through the codec."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return codec.from_dict(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.to_dict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecretRef(_Wire):
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source(_Wire):
+    uri: str
+    sha256: str | None = None
+    credentials_secret_ref: SecretRef | None = None
+
+    @property
+    def is_url(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(_Wire):
+    name: str | None = None
+    runtime: Literal["triton"] | None = None
+    source: Source
+    weights_bytes: Quantity
+    kv_cache_bytes: Quantity | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSelector(_Wire):
+    product: str | None = None
+    min_hbm_bytes: Quantity | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toleration(_Wire):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement(_Wire):
+    node_selector: Mapping[str, str] | None = None
+    gpu_selector: GpuSelector | None = None
+    tolerations: tuple[Toleration, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapPolicy(_Wire):
+    """Every field optional: unset ones take the cluster defaults (`effective_policy`)."""
+
+    idle_after: Duration | None = None
+    min_resident: Duration | None = None
+    priority: int | None = None
+    pinned: bool | None = None
+    on_swap_out: OnSwapOut | None = None
+    kv: KvMode | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvCachePolicy(_Wire):
+    offload_after_tokens: int | None = None
+    host_bytes: Quantity | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayPolicy(_Wire):
+    max_queued: int | None = None
+    queue_timeout: Duration | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDeploymentSpec(_Wire):
+    model: ModelSpec
+    placement: Placement | None = None
+    swap_policy: SwapPolicy | None = None
+    kv_cache: KvCachePolicy | None = None
+    gateway: GatewayPolicy | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition(_Wire):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EffectivePolicyStatus(_Wire):
+    """`status.effectivePolicy`: the merged policy, quantities in bytes."""
+
+    idle_after: str | None = None
+    min_resident: str | None = None
+    priority: int | None = None
+    pinned: bool | None = None
+    on_swap_out: str | None = None
+    kv: str | None = None
+    offload_after_tokens: int | None = None
+    kv_host_bytes: int | None = None
+    max_queued: int | None = None
+    queue_timeout: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDeploymentStatus(_Wire):
+    phase: Phase | None = None
+    node: str | None = None
+    gpu: str | None = None
+    endpoint: str | None = None
+    resident_bytes: int | None = None
+    host_bytes: int | None = None
+    last_request_time: str | None = None
+    swap_ins: int | None = None
+    swap_outs: int | None = None
+    last_swap_in_seconds: float | None = None
+    effective_policy: EffectivePolicyStatus | None = None
+    observed_generation: int | None = None
+    conditions: tuple[Condition, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDeployment(_Wire):
+    api_version: str = "modelswap.io/v1alpha1"
+    kind: str = "ModelDeployment"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def model_name(self) -> str:
+        """The name users call the model by: spec.model.name, else metadata.name."""
+        return self.spec.model.name or self.name
+
+    def with_status(self, status: ModelDeploymentStatus) -> ModelDeployment:
+        return dataclasses.replace(self, status=status)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link(_Wire):
+    kind: Literal["pcie", "c2c", "sim"] | None = None
+    host_to_device_gbps: float | None = field(default=None, metadata={"wire": "hostToDeviceGBps"})
+    device_to_host_gbps: float | None = field(default=None, metadata={"wire": "deviceToHostGBps"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuStatus(_Wire):
+    uuid: str
+    ordinal: int
+    product: str | None = None
+    hbm_total_bytes: int | None = None
+    hbm_reserved_bytes: int | None = None
+    per_process_overhead_bytes: int | None = None
+    hbm_free_bytes: int | None = None
+    host_store_bytes: int | None = None
+    host_store_capacity_bytes: int | None = None
+    link: Link | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Taint(_Wire):
+    key: str
+    effect: str
+    value: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostedModel(_Wire):
+    uid: str
+    namespace: str | None = None
+    name: str | None = None
+    state: str | None = None
+    gpu: str | None = None
+    resident_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapNodeSpec(_Wire):
+    node_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapNodeStatus(_Wire):
+    agent_version: str | None = None
+    endpoint: str | None = None
+    gateway_endpoint: str | None = None
+    gpus: tuple[GpuStatus, ...] | None = None
+    node_labels: Mapping[str, str] | None = None
+    node_taints: tuple[Taint, ...] | None = None
+    models: tuple[HostedModel, ...] | None = None
+    conditions: tuple[Condition, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapNode(_Wire):
+    api_version: str = "modelswap.io/v1alpha1"
+    kind: str = "SwapNode"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    spec: SwapNodeSpec | None = None
+    status: SwapNodeStatus | None = None
