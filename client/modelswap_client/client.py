@@ -1,0 +1,551 @@
+"""The client library: a model process's regions at stable addresses, paged by the agent.
+
+    from modelswap_client.client import attach, RegionSpec
+    att = attach("llama", [RegionSpec("weights", 512 << 20), RegionSpec("kv", 64 << 20, "kv")])
+    if not att.restored:
+        load_weights_into(att.regions["weights"].view())
+        att.commit()                      # written once to the host store
+    with att.in_use():                    # blocks swap-out; swaps in first if needed
+        run(att.regions["weights"].address)
+
+Standard library only (plus `modelswap_api.wire`); numpy/torch views are imported only
+when asked for. Importing this module makes the process non-dumpable (`PR_SET_DUMPABLE 0`)
+and raises its soft fd limit to the hard limit.
+
+Each region's address range is reserved once; on every swap-in the agent's fresh chunks
+are mapped at the same addresses, so pointers stay valid. After an agent restart the
+client reconnects and readopts: it re-exports every chunk it maps (the sim mapper keeps a
+dup of each chunk fd for this), so no byte is copied and none is lost. Operations the
+agent started but did not finish are rolled back locally first: a drained model resumes,
+a half-mapped swap-in is unmapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelswap_api.wire import (
+    ConnectionLost,
+    ErrorCode,
+    Message,
+    Op,
+    Peer,
+    RegionKind,
+    RemoteError,
+    error_reply,
+    reply_to,
+)
+from modelswap_client import _libc
+from modelswap_client.mappers.base import GRANULARITY_BYTES, CopyEvent, Handle, Mapper, get_mapper
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "MODELSWAP_SOCKET"
+DEFAULT_COPY_PIECE_BYTES = 32 << 20
+
+_libc.set_not_dumpable()
+_libc.raise_fd_limit()
+
+
+class ClientError(Exception):
+    """The agent refused or failed a request; `code` is the wire error code."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.INTERNAL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ClientState(enum.StrEnum):
+    DETACHED = "detached"
+    RESIDENT = "resident"
+    DRAINING = "draining"
+    QUIESCED = "quiesced"
+    SWAPPED_OUT = "swapped_out"
+    MAPPED = "mapped"  # swap-in: mapped, not yet restored
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSpec:
+    tag: str
+    size_bytes: int
+    kind: RegionKind | str = RegionKind.WEIGHTS
+
+
+@dataclass(slots=True)
+class Region:
+    tag: str
+    kind: RegionKind
+    size_bytes: int  # as asked for
+    reserved_bytes: int  # rounded up to the 2 MiB granularity
+    address: int
+    restored: bool = False
+    handles: list[tuple[int, int, Handle]] = field(default_factory=list)  # (offset, size, h)
+
+    def view(self) -> memoryview:
+        """A writable byte view of the region (valid while the model is resident)."""
+        buf = (ctypes.c_char * self.size_bytes).from_address(self.address)
+        return memoryview(buf).cast("B")
+
+    def numpy(self, dtype: str = "uint8") -> Any:
+        """A numpy array over the region (numpy is imported only here)."""
+        import numpy as np  # noqa: PLC0415 - optional, imported at use
+
+        return np.frombuffer(self.view(), dtype=dtype)
+
+
+def _round_up(n: int) -> int:
+    return -(-n // GRANULARITY_BYTES) * GRANULARITY_BYTES
+
+
+Handler = Callable[["Attachment"], None]
+
+
+class Attachment:
+    """One model instance's regions and its connection to the agent."""
+
+    def __init__(
+        self,
+        model: str,
+        instance: str,
+        socket_path: str,
+        mapper: Mapper,
+        *,
+        timeout_seconds: float,
+        reconnect_timeout_seconds: float,
+        copy_piece_bytes: int,
+    ) -> None:
+        self.model = model
+        self.instance = instance
+        self.socket_path = socket_path
+        self.mapper = mapper
+        self.timeout_seconds = timeout_seconds
+        self.reconnect_timeout_seconds = reconnect_timeout_seconds
+        self.copy_piece_bytes = copy_piece_bytes
+        self.regions: dict[str, Region] = {}
+        self.restored = False
+        self.committed = False
+        self.kv_discarded = False
+        self.epoch = 0
+        self._state = ClientState.DETACHED
+        self._cond = threading.Condition()
+        self._op_lock = threading.RLock()
+        self._in_use = 0
+        self._drain_token: object | None = None
+        self._generation = 0
+        self._closing = False
+        self._connected = threading.Event()
+        self._peer: Peer | None = None
+        self._reservations: list[Any] = []
+        self._on_swap_out: list[Handler] = []
+        self._on_swap_in: list[Handler] = []
+        self._on_readopt: list[Handler] = []
+
+    # -- public --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ClientState:
+        with self._cond:
+            return self._state
+
+    def on_swap_out(self, handler: Handler) -> None:
+        """Run after in-flight work drained, before the memory is unmapped."""
+        self._on_swap_out.append(handler)
+
+    def on_swap_in(self, handler: Handler) -> None:
+        """Run after a swap-in restored every region."""
+        self._on_swap_in.append(handler)
+
+    def on_readopt(self, handler: Handler) -> None:
+        """Run after reconnecting to a restarted agent."""
+        self._on_readopt.append(handler)
+
+    def commit(self) -> None:
+        """Weights are loaded: the agent saves them to the host store, once."""
+        reply = self._request(Op.COMMIT, {})
+        self.committed = bool(reply.body.get("committed"))
+
+    @contextlib.contextmanager
+    def in_use(self, timeout_seconds: float | None = None) -> Iterator[None]:
+        """Hold off swap-out while the body runs; swap the model in first if it is out."""
+        deadline = time.monotonic() + (timeout_seconds or self.timeout_seconds)
+        with self._cond:
+            while True:
+                if self._state is ClientState.RESIDENT and self._drain_token is None:
+                    self._in_use += 1
+                    break
+                if self._state is ClientState.SWAPPED_OUT:
+                    self._cond.release()
+                    try:
+                        self._request(Op.SWAP_IN, {}, deadline=deadline)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"{self.model}: not resident within the deadline")
+                self._cond.wait(remaining)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_use -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Detach: unmap everything, give the reservations back, close the connection."""
+        with self._cond:
+            self._closing = True
+        peer = self._peer
+        if peer is not None:
+            peer.close()
+        with self._op_lock:
+            self.mapper.synchronize()
+            self._unmap_all()
+            for r in self._reservations:
+                self.mapper.free_reservation(r)
+            self._reservations = []
+            self.mapper.close()
+
+    # -- requests to the agent -------------------------------------------------------------
+
+    def _request(
+        self, op: Op, body: dict[str, Any], deadline: float | None = None
+    ) -> Message:
+        """Send a request; across an agent restart, wait for the reconnect and retry."""
+        deadline = deadline or time.monotonic() + self.timeout_seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._connected.wait(remaining):
+                raise TimeoutError(f"{self.model}: agent not reachable")
+            peer = self._peer
+            if peer is None:
+                continue
+            try:
+                return peer.request(op, body, self.epoch,
+                                    timeout_seconds=max(deadline - time.monotonic(), 0.001))
+            except ConnectionLost:
+                continue
+            except RemoteError as e:
+                raise ClientError(f"{self.model}: {op} refused: {e.message}", e.code) from e
+
+    def _connect(self) -> Peer:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        peer = Peer(sock, self._handle, self._lost, name=f"{self.model}/{self.instance}")
+        peer.start()
+        reply = peer.request(
+            Op.REGISTER,
+            {"model": self.model, "instance": self.instance, "pid": os.getpid(), "version": 1},
+            timeout_seconds=self.timeout_seconds,
+        )
+        self.epoch = max(self.epoch, reply.epoch)
+        return peer
+
+    # -- agent loss and readopt ------------------------------------------------------------
+
+    def _lost(self, peer: Peer) -> None:
+        with self._cond:
+            if peer is not self._peer:
+                return
+            self._connected.clear()
+            self._generation += 1
+            self._cond.notify_all()
+            if self._closing:
+                return
+        threading.Thread(target=self._recover, name="modelswap-reconnect", daemon=True).start()
+
+    def _recover(self) -> None:
+        with self._op_lock:  # waits for handlers still running for the dead agent
+            with self._cond:
+                state = self._state
+            if state in (ClientState.DRAINING, ClientState.QUIESCED):
+                self._set_state(ClientState.RESIDENT)  # the swap-out never finished: resume
+            elif state is ClientState.MAPPED:
+                self.mapper.synchronize()
+                self._unmap_all()  # the restore never finished: back to swapped out
+                self._set_state(ClientState.SWAPPED_OUT)
+        deadline = time.monotonic() + self.reconnect_timeout_seconds
+        delay = 0.02
+        while not self._closing and time.monotonic() < deadline:
+            try:
+                peer = self._connect()
+            except (OSError, ConnectionLost, RemoteError, TimeoutError):
+                time.sleep(delay)  # the agent is restarting: retry with back-off
+                delay = min(delay * 2, 0.5)
+                continue
+            try:
+                self._readopt(peer)
+            except (ConnectionLost, RemoteError, TimeoutError) as e:
+                log.warning("%s: readopt failed: %s", self.model, e)
+                peer.close()
+                continue
+            for h in self._on_readopt:
+                h(self)
+            return
+        log.error("%s: agent did not come back within %s s", self.model,
+                  self.reconnect_timeout_seconds)  # fmt: skip
+
+    def _readopt(self, peer: Peer) -> None:
+        with self._op_lock:
+            state = self.state
+            fds: list[int] = []
+            regions = []
+            mapped = state in (ClientState.RESIDENT,)
+            for r in self.regions.values():
+                chunks = []
+                if mapped:
+                    for offset, size, h in r.handles:
+                        chunks.append({"offset": offset, "bytes": size, "fd": len(fds)})
+                        fds.append(self.mapper.export_fd(h))
+                regions.append({"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind),
+                                "address": r.address, "chunks": chunks})  # fmt: skip
+            wire_state = "resident" if mapped else "swapped_out"
+            try:
+                reply = peer.request(Op.READOPT, {"state": wire_state, "regions": regions},
+                                     self.epoch, fds, timeout_seconds=self.timeout_seconds)  # fmt: skip
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with self._cond:
+                self.epoch = max(self.epoch, reply.epoch)
+                self.committed = bool(reply.body.get("committed", self.committed))
+                self._peer = peer
+                self._connected.set()
+                self._cond.notify_all()
+
+    # -- requests from the agent -----------------------------------------------------------
+
+    def _set_state(self, state: ClientState) -> None:
+        with self._cond:
+            self._state = state
+            if state is not ClientState.DRAINING and state is not ClientState.QUIESCED:
+                self._drain_token = None
+            self._cond.notify_all()
+
+    def _handle(self, peer: Peer, message: Message) -> Message:
+        if message.epoch < self.epoch and message.op is not Op.RESUME:
+            message.close_fds()
+            return error_reply(message, self.epoch, ErrorCode.STALE, "stale epoch")
+        self.epoch = max(self.epoch, message.epoch)
+        try:
+            body: dict[str, Any] = {}
+            if message.op is Op.QUIESCE:
+                self._quiesce()
+            elif message.op is Op.SAVE:
+                with self._op_lock:
+                    self._save(message)
+            elif message.op is Op.UNMAP:
+                with self._op_lock:
+                    self.mapper.synchronize()
+                    self._unmap_all()
+                    self.kv_discarded = bool(message.body.get("kv_discarded"))
+                    self._set_state(ClientState.SWAPPED_OUT)
+            elif message.op is Op.MAP:
+                with self._op_lock:
+                    self._map(message)
+                    self._set_state(ClientState.MAPPED)
+            elif message.op is Op.RESTORE:
+                with self._op_lock:
+                    body = self._restore(message)
+            elif message.op is Op.RESUME:
+                with self._cond:
+                    if self._state in (ClientState.DRAINING, ClientState.QUIESCED):
+                        self._set_state(ClientState.RESIDENT)
+            else:
+                message.close_fds()
+                return error_reply(message, self.epoch, ErrorCode.PROTOCOL, f"no {message.op}")
+        except Exception as e:
+            message.close_fds()
+            log.warning("%s: %s failed: %s", self.model, message.op, e)
+            return error_reply(message, self.epoch, ErrorCode.INTERNAL, f"{message.op}: {e}")
+        return reply_to(message, self.epoch, body)
+
+    def _quiesce(self) -> None:
+        token = object()
+        with self._cond:
+            if self._state is not ClientState.RESIDENT:
+                raise ClientError(f"cannot quiesce in state {self._state}", ErrorCode.WRONG_STATE)
+            generation = self._generation
+            self._drain_token = token
+            self._state = ClientState.DRAINING
+            self._cond.wait_for(
+                lambda: self._in_use == 0
+                or self._drain_token is not token
+                or self._generation != generation
+            )
+            if self._drain_token is not token or self._generation != generation:
+                raise ClientError("swap-out was cancelled", ErrorCode.STALE)
+        with self._op_lock:
+            self.mapper.synchronize()
+            for h in self._on_swap_out:
+                h(self)
+            self._set_state(ClientState.QUIESCED)
+            with self._cond:
+                self._drain_token = token
+
+    def _pieces(self, size: int) -> Iterator[tuple[int, int]]:
+        offset = 0
+        while offset < size:
+            n = min(self.copy_piece_bytes, size - offset)
+            yield offset, n
+            offset += n
+
+    def _save(self, message: Message) -> None:
+        buffers = []
+        events: list[CopyEvent] = []
+        try:
+            for rd in message.body["regions"]:
+                r = self.regions[rd["tag"]]
+                fd = message.fds[int(rd["fd"])]
+                host = self.mapper.map_host(fd, int(rd["bytes"]), writable=True)
+                buffers.append(host)
+                for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
+                    events.append(self.mapper.copy_to_host(
+                        host.address + off, r.address + off, size, n % self.mapper.stream_count()))  # fmt: skip
+            for ev in events:
+                ev.wait()
+        finally:
+            self.mapper.synchronize()
+            for b in buffers:
+                self.mapper.unmap_host(b)
+            message.close_fds()  # the writable fds of host-store files never stay here
+
+    def _map(self, message: Message) -> None:
+        done: list[tuple[Region, int, int, Handle]] = []
+        fds = list(message.fds)
+        message.fds = []
+        consumed: set[int] = set()
+        try:
+            for rd in message.body["regions"]:
+                r = self.regions[rd["tag"]]
+                if r.handles:
+                    raise ClientError(f"region {r.tag} is already mapped", ErrorCode.WRONG_STATE)
+                for c in rd["chunks"]:
+                    index = int(c["fd"])
+                    consumed.add(index)
+                    h = self.mapper.import_fd(fds[index], int(c["bytes"]))
+                    try:
+                        self.mapper.map(r.address + int(c["offset"]), int(c["bytes"]), h)
+                    except BaseException:
+                        self.mapper.release(h)
+                        raise
+                    done.append((r, int(c["offset"]), int(c["bytes"]), h))
+            for rd in message.body["regions"]:
+                r = self.regions[rd["tag"]]
+                self.mapper.set_access(r.address, r.reserved_bytes, writable=True)
+        except BaseException:
+            for r, offset, size, h in done:
+                self.mapper.unmap(r.address + offset, size)
+                self.mapper.release(h)
+            raise
+        finally:
+            for i, fd in enumerate(fds):
+                if i not in consumed:
+                    os.close(fd)
+        for r, offset, size, h in done:
+            r.handles.append((offset, size, h))
+
+    def _restore(self, message: Message) -> dict[str, Any]:
+        buffers = []
+        events: list[CopyEvent] = []
+        result: dict[str, str] = {}
+        try:
+            for rd in message.body["regions"]:
+                r = self.regions[rd["tag"]]
+                if rd.get("fresh"):
+                    r.restored = False
+                    result[r.tag] = "fresh"
+                    continue
+                fd = message.fds[int(rd["fd"])]
+                host = self.mapper.map_host(fd, int(rd["bytes"]), writable=False)
+                buffers.append(host)
+                for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
+                    events.append(self.mapper.copy_to_device(
+                        r.address + off, host.address + off, size, n % self.mapper.stream_count()))  # fmt: skip
+                r.restored = True
+                result[r.tag] = "restored"
+            for ev in events:
+                ev.wait()
+        finally:
+            self.mapper.synchronize()
+            for b in buffers:
+                self.mapper.unmap_host(b)
+            message.close_fds()
+        was_out = self.state is ClientState.MAPPED
+        self._set_state(ClientState.RESIDENT)
+        if was_out:
+            for h in self._on_swap_in:
+                h(self)
+        return {"regions": result}
+
+    def _unmap_all(self) -> None:
+        for r in self.regions.values():
+            for offset, size, h in r.handles:
+                self.mapper.unmap(r.address + offset, size)
+                self.mapper.release(h)
+            r.handles = []
+
+
+def attach(
+    model: str,
+    regions: Sequence[RegionSpec],
+    *,
+    instance: str = "0",
+    socket_path: str | None = None,
+    mapper: str | Mapper = "sim",
+    timeout_seconds: float = 60.0,
+    reconnect_timeout_seconds: float = 60.0,
+    copy_piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+) -> Attachment:
+    """Register with the agent and get `regions` mapped at stable addresses.
+
+    Each region is `restored` (its bytes came from the host store) or fresh (load it from
+    the model source, then call `commit()`). Raises `ClientError` when the agent refuses
+    (`NotVouched` for a process not vouched for as this model, `NoCapacity`, ...).
+    """
+    path = socket_path or os.environ.get(SOCKET_ENV)
+    if not path:
+        raise ClientError(f"no agent socket: pass socket_path or set {SOCKET_ENV}")
+    backend = mapper if isinstance(mapper, Mapper) else get_mapper(mapper)
+    att = Attachment(
+        model, instance, path, backend, timeout_seconds=timeout_seconds,
+        reconnect_timeout_seconds=reconnect_timeout_seconds, copy_piece_bytes=copy_piece_bytes,
+    )  # fmt: skip
+    try:
+        for spec in regions:
+            reserved = _round_up(spec.size_bytes)
+            reservation = backend.reserve(reserved)
+            att._reservations.append(reservation)
+            att.regions[spec.tag] = Region(
+                spec.tag, RegionKind(spec.kind), spec.size_bytes, reserved, reservation.address
+            )
+        try:
+            att._peer = att._connect()
+        except RemoteError as e:
+            raise ClientError(f"{model}: registration refused: {e.message}", e.code) from e
+        att._connected.set()
+        body = {"regions": [
+            {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}
+            for r in att.regions.values()
+        ]}  # fmt: skip
+        reply = att._request(Op.ATTACH, body)
+        att.restored = bool(reply.body.get("restored"))
+        att.committed = att.restored
+    except BaseException:
+        att.close()
+        raise
+    return att

@@ -1,0 +1,480 @@
+"""The engine: the registry of models, the client-facing handlers, and recovery.
+
+Thread model: each model has an operation lock held for a whole operation (swap-in,
+swap-out, attach, commit, readopt); each GPU has an allocation lock held by swap-ins so two
+swap-ins on one GPU never evict each other; `_mut` guards records for short mutations and
+the state file. Client round trips never hold `_mut`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelswap_api.wire import (
+    ErrorCode,
+    Message,
+    Op,
+    Peer,
+    RegionKind,
+    RemoteError,
+    error_reply,
+    reply_to,
+)
+from modelswap_sidecar.allocators.base import GRANULARITY_BYTES, Allocator, Location
+from modelswap_sidecar.engine.budget import BudgetView, HbmBudget
+from modelswap_sidecar.engine.errors import (
+    EngineError,
+    NotVouched,
+    ProtocolViolation,
+    UnknownModel,
+    WrongState,
+)
+from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.records import (
+    InstanceRecord,
+    ModelConfig,
+    ModelRecord,
+    RegionRecord,
+    from_doc,
+    to_doc,
+)
+from modelswap_sidecar.engine.states import PHASES, EngineState, check_transition
+from modelswap_sidecar.engine.swaps import Swapper
+from modelswap_sidecar.engine.vouching import Voucher
+
+log = logging.getLogger(__name__)
+S = EngineState
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    client_timeout_seconds: float = 60.0  # one client round trip (map, restore, save, unmap)
+    drain_timeout_seconds: float = 60.0  # quiesce: how long in_use() work may hold a swap-out
+    readopt_grace_seconds: float = 10.0  # after a restart, how long clients have to readopt
+    reserve_bytes: dict[int, int] = field(default_factory=dict)  # per GPU
+    overhead_bytes_per_process: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    name: str
+    gpu: int
+    state: EngineState
+    phase: str
+    epoch: int
+    resident_bytes: int
+    instances: int
+    swap_ins: int
+    swap_outs: int
+    last_swap_in_seconds: float
+    kv_discarded: bool
+    reason: str
+
+
+class Engine:
+    def __init__(
+        self,
+        allocator: Allocator,
+        store: HostStore,
+        voucher: Voucher,
+        settings: EngineSettings | None = None,
+    ) -> None:
+        self.allocator = allocator
+        self.store = store
+        self.voucher = voucher
+        self.settings = settings or EngineSettings()
+        self.budgets: dict[int, HbmBudget] = {}
+        for loc in allocator.locations():
+            info = allocator.memory_info(loc)
+            self.budgets[loc.index] = HbmBudget(
+                loc.index,
+                info.total_bytes,
+                self.settings.reserve_bytes.get(loc.index, 0),
+                self.settings.overhead_bytes_per_process,
+            )
+        self._models: dict[str, ModelRecord] = {}
+        self._peers: dict[int, tuple[str, str]] = {}  # id(peer) → (model, instance)
+        self._mut = threading.RLock()
+        self._gpu_locks = {g: threading.Lock() for g in self.budgets}
+        self._recovered = threading.Event()
+        self._recovered.set()
+        self.swapper = Swapper(self)
+
+    # -- registry ------------------------------------------------------------------------
+
+    def add_model(self, config: ModelConfig) -> None:
+        if config.gpu not in self.budgets:
+            raise UnknownModel(f"model {config.name}: no GPU {config.gpu} on this node")
+        with self._mut:
+            m = self._models.get(config.name)
+            if m is None:
+                self._models[config.name] = ModelRecord(config)
+            else:
+                if m.config.gpu != config.gpu:
+                    raise WrongState(f"model {config.name} lives on GPU {m.config.gpu}")
+                m.config = config
+            self.persist()
+
+    def model(self, name: str) -> ModelRecord:
+        with self._mut:
+            m = self._models.get(name)
+        if m is None:
+            raise UnknownModel(f"no model {name!r}")
+        return m
+
+    def models_on_gpu(self, gpu: int) -> list[ModelRecord]:
+        with self._mut:
+            return [m for m in self._models.values() if m.config.gpu == gpu]
+
+    def set_state(self, m: ModelRecord, state: EngineState, reason: str = "") -> None:
+        with self._mut:
+            check_transition(m.state, state)
+            log.debug("model %s: %s → %s (%s)", m.name, m.state, state, reason)
+            m.state = state
+            if reason:
+                m.reason = reason
+            self.persist()
+
+    def persist(self) -> None:
+        with self._mut:
+            self.store.write_state(to_doc(self._models))
+
+    def close_fd(self, fd: int) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            log.warning("closing fd %d failed", fd)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self, name: str) -> ModelStatus:
+        m = self.model(name)
+        with self._mut:
+            return ModelStatus(
+                m.name, m.config.gpu, m.state, PHASES[m.state].phase, m.epoch, m.chunk_bytes(),
+                len(m.live_instances()), m.swap_ins, m.swap_outs, m.last_swap_in_seconds,
+                m.kv_discarded, m.reason,
+            )  # fmt: skip
+
+    def statuses(self) -> list[ModelStatus]:
+        with self._mut:
+            names = list(self._models)
+        return [self.status(n) for n in names]
+
+    def budget(self, gpu: int) -> BudgetView:
+        return self.budgets[gpu].view()
+
+    # -- operations (control API) ----------------------------------------------------------
+
+    def swap_out(self, name: str, reason: str = "") -> None:
+        m = self.model(name)
+        with m.lock:
+            self.swapper.swap_out_locked(m, reason)
+
+    def swap_in(self, name: str) -> None:
+        m = self.model(name)
+        self._wait_recovered()
+        with self._gpu_locks[m.config.gpu], m.lock:
+            self.swapper.swap_in_locked(m)
+
+    def touch(self, name: str) -> None:
+        self.model(name).last_used = time.monotonic()
+
+    # -- client protocol -------------------------------------------------------------------
+
+    def handle(self, peer: Peer, message: Message) -> Message | None:
+        """Serve one client request (runs on its own thread)."""
+        try:
+            if message.op is Op.REGISTER:
+                return self._register(peer, message)
+            if message.op is Op.HEARTBEAT:
+                return reply_to(message, 0)
+            binding = self._peers.get(id(peer))
+            if binding is None:
+                raise NotVouched("register first")
+            m = self.model(binding[0])
+            inst = m.instances[binding[1]]
+            if message.op is Op.ATTACH:
+                return self._attach(m, inst, message)
+            if message.op is Op.COMMIT:
+                return self._commit(m, inst, message)
+            if message.op is Op.SWAP_IN:
+                self.swap_in(m.name)
+                return reply_to(message, m.epoch, {"state": str(m.state)})
+            if message.op is Op.READOPT:
+                return self._readopt(m, inst, message)
+            raise ProtocolViolation(f"agent does not serve {message.op}")
+        except EngineError as e:
+            message.close_fds()
+            return error_reply(message, 0, e.code, str(e))
+        except RemoteError as e:
+            message.close_fds()
+            return error_reply(message, 0, e.code, e.message)
+
+    def _register(self, peer: Peer, message: Message) -> Message:
+        model = str(message.body.get("model", ""))
+        instance = str(message.body.get("instance", "0"))
+        pid = peer.peer_pid()
+        if not self.voucher.vouch(pid, model):
+            log.warning("refused client pid %d naming model %r: not vouched for", pid, model)
+            raise NotVouched(f"pid {pid} is not vouched for as model {model!r}")
+        m = self.model(model)
+        with m.lock, self._mut:
+            inst = m.instances.get(instance)
+            if inst is None:
+                inst = m.instances[instance] = InstanceRecord(instance)
+            if inst.live and inst.peer is not peer:
+                raise WrongState(f"instance {instance} of {model} is already connected")
+            inst.peer = peer
+            inst.pid = pid
+            self._peers[id(peer)] = (model, instance)
+            self.budgets[m.config.gpu].process_attached()
+            body = {"epoch": m.epoch, "state": str(m.state), "committed": inst.committed}
+        return reply_to(message, m.epoch, body)
+
+    def _attach(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+        specs = message.body.get("regions", [])
+        layout: dict[str, RegionRecord] = {}
+        for s in specs:
+            size, address = int(s["bytes"]), int(s["address"])
+            if size <= 0 or size % GRANULARITY_BYTES or address % GRANULARITY_BYTES:
+                raise ProtocolViolation(f"region {s['tag']}: size/address not 2 MiB multiples")
+            layout[str(s["tag"])] = RegionRecord(
+                str(s["tag"]), size, RegionKind(s["kind"]), address
+            )
+        self._wait_recovered()
+        with self._gpu_locks[m.config.gpu], m.lock:
+            if inst.mapped:
+                raise WrongState(f"instance {inst.name} of {m.name} is already attached")
+            same = set(layout) == set(inst.regions) and all(
+                (r.size_bytes, r.kind) == (inst.regions[t].size_bytes, inst.regions[t].kind)
+                for t, r in layout.items()
+            )
+            with self._mut:
+                if not same:  # a new layout: the old host copies do not fit it
+                    for r in inst.regions.values():
+                        for f in (r.weights_file, r.kv_file):
+                            if f is not None:
+                                self.store.delete(f)
+                    inst.regions = layout
+                    inst.committed = False
+                else:
+                    for t, r in layout.items():
+                        inst.regions[t].address = r.address
+            restored = inst.committed
+            if m.state is S.SWAPPED_OUT:
+                self.swapper.swap_in_locked(m)
+            elif m.state in (S.RESIDENT, S.LOADING):
+                self.swapper.bring_in(m, [inst], track_states=False)
+                m.last_used = time.monotonic()
+                if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
+                    self.set_state(m, S.RESIDENT, "restored from the host store")
+                else:
+                    self.persist()
+            else:
+                raise WrongState(f"model {m.name} is {m.state}")
+        regions = [{"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
+                   for t, r in inst.regions.items()]  # fmt: skip
+        body = {"restored": restored, "regions": regions, "state": str(m.state)}
+        return reply_to(message, m.epoch, body)
+
+    def _commit(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+        with m.lock:
+            if inst.committed:
+                return reply_to(message, m.epoch, {"committed": True})
+            if not inst.mapped or inst.peer is None:
+                raise WrongState(f"instance {inst.name} of {m.name} is not attached")
+            weights = [r for r in inst.regions.values() if r.kind is RegionKind.WEIGHTS]
+            stagings = []
+            try:
+                for r in weights:
+                    rel = self.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "weights")
+                    stagings.append((r, self.store.stage(m.config.gpu, rel, r.size_bytes)))
+                if stagings:
+                    body = {"regions": [
+                        {"tag": r.tag, "fd": n, "bytes": r.size_bytes}
+                        for n, (r, _) in enumerate(stagings)
+                    ]}  # fmt: skip
+                    inst.peer.request(
+                        Op.SAVE, body, m.epoch, [st.fd for _, st in stagings],
+                        timeout_seconds=self.settings.client_timeout_seconds,
+                    )  # fmt: skip
+            except BaseException:
+                for _, st in stagings:
+                    self.store.abort(st)
+                raise
+            with self._mut:
+                for r, st in stagings:
+                    r.weights_file = self.store.commit(st)
+                inst.committed = True
+                if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
+                    self.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
+                else:
+                    self.persist()  # after the data: the state file names whole copies only
+        return reply_to(message, m.epoch, {"committed": True})
+
+    def client_gone(self, peer: Peer) -> None:
+        """A closed socket is a dead client: drop its handles, keep the host copies."""
+        with self._mut:
+            binding = self._peers.pop(id(peer), None)
+        if binding is None:
+            return
+        try:
+            m = self.model(binding[0])
+        except UnknownModel:
+            return
+        with m.lock, self._mut:
+            inst = m.instances.get(binding[1])
+            if inst is None or inst.peer is not peer:
+                return
+            inst.peer = None
+            self.budgets[m.config.gpu].process_detached()
+            if inst.mapped:
+                self.swapper.release_instance(m, inst)
+                for r in inst.regions.values():  # its KV lived in HBM; a saved copy is stale
+                    if r.kv_file is not None:
+                        self.store.delete(r.kv_file)
+                        r.kv_file = None
+            if not any(i.mapped for i in m.instances.values()) and m.state in (
+                S.RESIDENT, S.LOADING,
+            ):  # fmt: skip
+                complete = bool(m.instances) and all(i.committed for i in m.instances.values())
+                m.state = S.SWAPPED_OUT if complete else S.LOADING
+                m.reason = f"instance {inst.name} (pid {inst.pid}) exited"
+            self.persist()
+        log.info("model %s instance %s: client pid %d gone", m.name, inst.name, inst.pid)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Load the state file after a restart; clients then have a grace period to readopt."""
+        doc = self.store.read_state()
+        if doc is None:
+            return
+        models = from_doc(doc)
+        awaiting = False
+        for m in models.values():
+            for inst in m.instances.values():
+                for r in inst.regions.values():
+                    if r.weights_file is not None and not self.store.adopt_existing(r.weights_file):
+                        r.weights_file = None
+                        inst.committed = False
+                    if r.kv_file is not None and not self.store.adopt_existing(r.kv_file):
+                        r.kv_file = None
+                if inst.mapped:
+                    inst.mapped = False
+                    inst.awaiting_readopt = True
+                    awaiting = True
+        with self._mut:
+            self._models = models
+            for m in models.values():
+                if not any(i.awaiting_readopt for i in m.instances.values()):
+                    self._resolve(m)
+            self.persist()
+        if awaiting:
+            self._recovered.clear()
+            t = threading.Thread(target=self._grace, name="readopt-grace", daemon=True)
+            t.start()
+
+    def _grace(self) -> None:
+        deadline = time.monotonic() + self.settings.readopt_grace_seconds
+        while time.monotonic() < deadline and not self._recovered.is_set():
+            self._recovered.wait(0.05)
+        with self._mut:
+            models = list(self._models.values())
+        for m in models:
+            with m.lock, self._mut:
+                stale = [i for i in m.instances.values() if i.awaiting_readopt]
+                for inst in stale:
+                    inst.awaiting_readopt = False
+                if stale:
+                    self._resolve(m)
+                    self.persist()
+        self._recovered.set()
+
+    def _wait_recovered(self) -> None:
+        self._recovered.wait(self.settings.readopt_grace_seconds + 5)
+
+    def _resolve(self, m: ModelRecord) -> None:
+        """Settle a model's state from what its clients readopted (recovery only)."""
+        mapped = [i for i in m.instances.values() if i.mapped]
+        unmapped_live = [i for i in m.live_instances() if not i.mapped]
+        complete = bool(m.instances) and all(i.committed for i in m.instances.values())
+        if mapped:
+            m.state = S.RESIDENT if all(i.committed for i in mapped) else S.LOADING
+            if unmapped_live and m.state is S.RESIDENT:
+                # the agent died between two instances' unmaps: finish that swap-out
+                threading.Thread(target=self._finish_swap_out, args=(m,), daemon=True).start()
+        else:
+            m.state = S.SWAPPED_OUT if complete else S.LOADING
+        m.reason = "recovered after an agent restart"
+
+    def _finish_swap_out(self, m: ModelRecord) -> None:
+        try:
+            self.swap_out(m.name, "completing a swap-out interrupted by an agent restart")
+        except EngineError as e:
+            log.warning("model %s: could not complete the interrupted swap-out: %s", m.name, e)
+
+    def _readopt(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+        body = message.body
+        try:
+            with m.lock, self._mut:
+                regions = {str(r["tag"]): r for r in body.get("regions", [])}
+                for tag, rd in regions.items():
+                    if tag not in inst.regions:
+                        inst.regions[tag] = RegionRecord(
+                            tag, int(rd["bytes"]), RegionKind(rd["kind"]), int(rd["address"])
+                        )
+                if body.get("state") in ("resident", "loading") and not inst.mapped:
+                    location = Location.device(m.config.gpu)
+                    for tag, rd in regions.items():
+                        r = inst.regions[tag]
+                        for c in rd.get("chunks", []):
+                            fd = message.fds[int(c["fd"])]
+                            chunk = self.allocator.adopt_fd(location, fd, int(c["bytes"]))
+                            self.budgets[m.config.gpu].force_charge(chunk.size_bytes)
+                            r.chunks.append(chunk)
+                        if r.kv_file is not None:
+                            self.store.delete(r.kv_file)
+                            r.kv_file = None
+                    inst.mapped = True
+                inst.awaiting_readopt = False
+                m.epoch = max(m.epoch, int(message.epoch)) + 1
+                if not any(i.awaiting_readopt for i in m.instances.values()):
+                    self._resolve(m)
+                self.persist()
+                if not any(
+                    i.awaiting_readopt
+                    for mm in self._models.values()
+                    for i in mm.instances.values()
+                ):
+                    self._recovered.set()
+                reply = {"state": str(m.state), "committed": inst.committed}
+        finally:
+            message.close_fds()
+        return reply_to(message, m.epoch, reply)
+
+    def close(self) -> None:
+        with self._mut:
+            peers = [i.peer for m in self._models.values() for i in m.instances.values() if i.peer]
+        for p in peers:
+            p.close()
+
+
+def error_code_of(e: BaseException) -> ErrorCode:
+    return e.code if isinstance(e, EngineError) else ErrorCode.INTERNAL
+
+
+def as_dict(status: ModelStatus) -> dict[str, Any]:
+    return {
+        "name": status.name, "gpu": status.gpu, "state": str(status.state),
+        "phase": status.phase, "epoch": status.epoch, "resident_bytes": status.resident_bytes,
+        "instances": status.instances, "swap_ins": status.swap_ins,
+        "swap_outs": status.swap_outs, "last_swap_in_seconds": status.last_swap_in_seconds,
+        "kv_discarded": status.kv_discarded, "reason": status.reason,
+    }  # fmt: skip

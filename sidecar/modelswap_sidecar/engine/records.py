@@ -1,0 +1,159 @@
+"""What the engine knows about each model, instance and region, and its state-file form.
+
+The state file records configuration, epochs, layouts, which host-store copies are
+committed and which instances were mapped; live chunks and sockets are never persisted
+(after a restart they come back only through readopt).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelswap_api.wire import KvMode, Peer, RegionKind
+from modelswap_sidecar.allocators.base import Chunk
+from modelswap_sidecar.engine.hoststore import StoredFile
+from modelswap_sidecar.engine.states import EngineState
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    gpu: int
+    kv_mode: KvMode = KvMode.DISCARD
+    pinned: bool = False
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class RegionRecord:
+    tag: str
+    size_bytes: int
+    kind: RegionKind
+    address: int
+    chunks: list[Chunk] = field(default_factory=list)  # live, in address order
+    weights_file: StoredFile | None = None
+    kv_file: StoredFile | None = None
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(c.size_bytes for c in self.chunks)
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    name: str
+    regions: dict[str, RegionRecord] = field(default_factory=dict)
+    peer: Peer | None = None
+    pid: int = 0
+    mapped: bool = False  # its clients map live chunks
+    committed: bool = False  # its weights are complete in the host store
+    awaiting_readopt: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.peer is not None and not self.peer.closed
+
+    def chunk_bytes(self) -> int:
+        return sum(r.mapped_bytes for r in self.regions.values())
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    config: ModelConfig
+    state: EngineState = EngineState.LOADING
+    epoch: int = 0
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    last_used: float = 0.0
+    swap_ins: int = 0
+    swap_outs: int = 0
+    last_swap_in_seconds: float = 0.0
+    last_swap_out_seconds: float = 0.0
+    kv_discarded: bool = False
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def live_instances(self) -> list[InstanceRecord]:
+        return [i for i in self.instances.values() if i.live]
+
+    def chunk_bytes(self) -> int:
+        return sum(i.chunk_bytes() for i in self.instances.values())
+
+
+def _stored(doc: dict[str, Any] | None) -> StoredFile | None:
+    if not doc:
+        return None
+    return StoredFile(int(doc["gpu"]), str(doc["relpath"]), int(doc["size_bytes"]))
+
+
+def _stored_doc(f: StoredFile | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {"gpu": f.gpu, "relpath": f.relpath, "size_bytes": f.size_bytes}
+
+
+def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, m in models.items():
+        out[name] = {
+            "config": {
+                "gpu": m.config.gpu,
+                "kv_mode": str(m.config.kv_mode),
+                "pinned": m.config.pinned,
+                "priority": m.config.priority,
+            },
+            "state": str(m.state),
+            "epoch": m.epoch,
+            "swap_ins": m.swap_ins,
+            "swap_outs": m.swap_outs,
+            "instances": {
+                iname: {
+                    "mapped": i.mapped,
+                    "committed": i.committed,
+                    "regions": [
+                        {
+                            "tag": r.tag,
+                            "size_bytes": r.size_bytes,
+                            "kind": str(r.kind),
+                            "address": r.address,
+                            "weights_file": _stored_doc(r.weights_file),
+                            "kv_file": _stored_doc(r.kv_file),
+                        }
+                        for r in i.regions.values()
+                    ],
+                }
+                for iname, i in m.instances.items()
+            },
+        }
+    return {"version": STATE_VERSION, "models": out}
+
+
+def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
+    if doc.get("version") != STATE_VERSION:
+        raise ValueError(f"unsupported state file version {doc.get('version')!r}")
+    models: dict[str, ModelRecord] = {}
+    for name, md in doc.get("models", {}).items():
+        c = md["config"]
+        config = ModelConfig(name, int(c["gpu"]), KvMode(c["kv_mode"]), bool(c["pinned"]),
+                             int(c["priority"]))  # fmt: skip
+        m = ModelRecord(config, EngineState(md["state"]), int(md["epoch"]))
+        m.swap_ins = int(md.get("swap_ins", 0))
+        m.swap_outs = int(md.get("swap_outs", 0))
+        for iname, idoc in md.get("instances", {}).items():
+            inst = InstanceRecord(iname, mapped=bool(idoc["mapped"]),
+                                  committed=bool(idoc["committed"]))  # fmt: skip
+            for rd in idoc["regions"]:
+                inst.regions[rd["tag"]] = RegionRecord(
+                    rd["tag"], int(rd["size_bytes"]), RegionKind(rd["kind"]), int(rd["address"]),
+                    weights_file=_stored(rd.get("weights_file")), kv_file=_stored(rd.get("kv_file")),
+                )  # fmt: skip
+            m.instances[iname] = inst
+        models[name] = m
+    return models

@@ -1,0 +1,380 @@
+"""Swap-out and swap-in of one model across all its live instances, with rollback.
+
+Swap-out: DRAINING (every instance drains its `in_use()` work and synchronizes) →
+QUIESCED → SAVING (preserved KV to the host store, committed before anything is unmapped)
+→ UNMAPPED (clients unmapped and dropped their handles) → chunks released → SWAPPED_OUT.
+A failure before UNMAP resumes every client and returns to RESIDENT.
+
+Swap-in: ALLOCATING (make room, create chunks) → MAPPED (clients map them at their
+reserved addresses) → RESTORING (clients copy the host copies in) → RESIDENT. A failure
+anywhere unmaps what was mapped, releases what was created, and returns to SWAPPED_OUT.
+
+Callers hold the model's lock (and, for swap-in, the GPU's allocation lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from modelswap_api.wire import ConnectionLost, KvMode, Op, PendingReply, RegionKind, RemoteError
+from modelswap_sidecar.allocators.base import Chunk, Location, OutOfDeviceMemory
+from modelswap_sidecar.engine.errors import ClientFailed, NoCapacity, WrongState
+from modelswap_sidecar.engine.hoststore import Staging
+from modelswap_sidecar.engine.records import InstanceRecord, ModelRecord, RegionRecord
+from modelswap_sidecar.engine.states import EngineState
+
+if TYPE_CHECKING:
+    from modelswap_sidecar.engine.core import Engine
+
+log = logging.getLogger(__name__)
+S = EngineState
+
+
+def _wait_all(
+    engine: Engine, pending: list[tuple[InstanceRecord, PendingReply]], timeout: float
+) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
+    """Wait for every reply; returns (instances that succeeded, (instance, why) that failed)."""
+    ok: list[InstanceRecord] = []
+    failed: list[tuple[InstanceRecord, str]] = []
+    deadline = time.monotonic() + timeout
+    for inst, p in pending:
+        try:
+            reply = p.wait(max(deadline - time.monotonic(), 0.0))
+        except (TimeoutError, ConnectionLost) as e:
+            failed.append((inst, f"instance {inst.name}: {e}"))
+            continue
+        reply.close_fds()
+        if reply.ok:
+            ok.append(inst)
+        else:
+            failed.append(
+                (inst, f"instance {inst.name}: {reply.error_code}: {reply.error_message}")
+            )
+    return ok, failed
+
+
+def _broadcast(
+    engine: Engine, m: ModelRecord, instances: list[InstanceRecord], op: Op,
+    bodies: dict[str, dict[str, Any]] | None = None,
+    fds: dict[str, list[int]] | None = None, timeout: float | None = None,
+) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:  # fmt: skip
+    pending: list[tuple[InstanceRecord, PendingReply]] = []
+    failed: list[tuple[InstanceRecord, str]] = []
+    for inst in instances:
+        peer = inst.peer
+        if peer is None:
+            failed.append((inst, f"instance {inst.name}: not connected"))
+            continue
+        try:
+            body = (bodies or {}).get(inst.name, {})
+            pending.append(
+                (inst, peer.request_start(op, body, m.epoch, (fds or {}).get(inst.name)))
+            )
+        except ConnectionLost as e:
+            failed.append((inst, f"instance {inst.name}: {e}"))
+    ok, more = _wait_all(engine, pending, timeout or engine.settings.client_timeout_seconds)
+    return ok, failed + more
+
+
+class Swapper:
+    """Swap operations, bound to an engine (kept apart from the registry for size)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- chunks --------------------------------------------------------------------------
+
+    def allocate(self, m: ModelRecord, size_bytes: int) -> list[Chunk]:
+        e = self.engine
+        location = Location.device(m.config.gpu)
+        piece = e.allocator.preferred_chunk_bytes(location)
+        budget = e.budgets[m.config.gpu]
+        chunks: list[Chunk] = []
+        remaining = size_bytes
+        try:
+            while remaining:
+                size = min(piece, remaining)
+                if not budget.try_charge(size):
+                    raise NoCapacity(
+                        f"GPU {m.config.gpu}: HBM budget exhausted "
+                        f"({budget.view().available_bytes} bytes available, {size} needed)"
+                    )
+                try:
+                    chunks.append(e.allocator.create(location, size))
+                except OutOfDeviceMemory as ex:
+                    budget.credit(size)
+                    raise NoCapacity(f"GPU {m.config.gpu}: {ex}") from ex
+                remaining -= size
+        except BaseException:
+            self.release_chunks(m, chunks)
+            raise
+        return chunks
+
+    def release_chunks(self, m: ModelRecord, chunks: list[Chunk]) -> None:
+        budget = self.engine.budgets[m.config.gpu]
+        for c in chunks:
+            self.engine.allocator.release(c)
+            budget.credit(c.size_bytes)
+
+    def release_instance(self, m: ModelRecord, inst: InstanceRecord) -> None:
+        for r in inst.regions.values():
+            self.release_chunks(m, r.chunks)
+            r.chunks = []
+        inst.mapped = False
+
+    # -- room ----------------------------------------------------------------------------
+
+    def make_room(self, m: ModelRecord, need_bytes: int) -> None:
+        """Swap out victims on the same GPU until `need_bytes` fit, or raise NoCapacity."""
+        e = self.engine
+        budget = e.budgets[m.config.gpu]
+        view = budget.view()
+        if need_bytes > view.budget_bytes:
+            raise NoCapacity(
+                f"model {m.name} needs {need_bytes} bytes; GPU {m.config.gpu}'s whole budget "
+                f"is {view.budget_bytes}"
+            )
+        if need_bytes <= view.available_bytes:
+            return
+        candidates = [
+            v for v in e.models_on_gpu(m.config.gpu)
+            if v is not m and v.state is S.RESIDENT and not v.config.pinned and v.chunk_bytes()
+        ]  # fmt: skip
+        candidates.sort(key=lambda v: (v.config.priority, v.last_used))
+        short = need_bytes - view.available_bytes
+        chosen: list[ModelRecord] = []
+        for v in candidates:
+            if short <= 0:
+                break
+            chosen.append(v)
+            short -= v.chunk_bytes()
+        if short > 0:
+            raise NoCapacity(
+                f"model {m.name} needs {need_bytes} bytes on GPU {m.config.gpu}; "
+                f"{view.available_bytes} available and evictable models free too little"
+            )
+        for v in chosen:
+            with v.lock:
+                if v.state is S.RESIDENT:
+                    try:
+                        self.swap_out_locked(v, reason=f"making room for {m.name}")
+                    except ClientFailed as ex:
+                        log.info("victim %s could not be swapped out: %s", v.name, ex)
+        if need_bytes > budget.view().available_bytes:
+            raise NoCapacity(f"model {m.name}: victims could not be swapped out in time")
+
+    # -- swap-out ------------------------------------------------------------------------
+
+    def swap_out_locked(self, m: ModelRecord, reason: str = "") -> None:
+        e = self.engine
+        if m.state is S.SWAPPED_OUT:
+            return
+        if m.state is not S.RESIDENT:
+            raise WrongState(f"model {m.name} is {m.state}, not Resident")
+        started = time.perf_counter()
+        live = [i for i in m.live_instances() if i.mapped]
+        m.epoch += 1
+        e.set_state(m, S.DRAINING, reason or "swap-out requested")
+        kv_mode = m.config.kv_mode
+        stagings: list[tuple[RegionRecord, Staging]] = []
+        try:
+            live, failed = _broadcast(
+                e, m, live, Op.QUIESCE, timeout=e.settings.drain_timeout_seconds
+            )
+            self._drop_gone(m, failed)
+            if failed:
+                raise ClientFailed("; ".join(why for _, why in failed))
+            e.set_state(m, S.QUIESCED)
+            kv_regions = [
+                (i, r) for i in live for r in i.regions.values() if r.kind is RegionKind.KV
+            ]
+            if kv_mode is KvMode.PRESERVE and kv_regions:
+                e.set_state(m, S.SAVING)
+                bodies: dict[str, dict[str, Any]] = {}
+                fds: dict[str, list[int]] = {}
+                for inst, r in kv_regions:
+                    relpath = e.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "kv")
+                    st = e.store.stage(m.config.gpu, relpath, r.size_bytes)
+                    stagings.append((r, st))
+                    lst = fds.setdefault(inst.name, [])
+                    bodies.setdefault(inst.name, {"regions": []})["regions"].append(
+                        {"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes}
+                    )
+                    lst.append(st.fd)
+                _ok, failed = _broadcast(e, m, live, Op.SAVE, bodies, fds)
+                self._drop_gone(m, failed)
+                if failed:
+                    raise ClientFailed("; ".join(why for _, why in failed))
+                for r, st in stagings:
+                    old = r.kv_file
+                    r.kv_file = e.store.commit(st)
+                    if old is not None and old.relpath != r.kv_file.relpath:
+                        e.store.delete(old)
+                stagings = []
+                e.persist()  # the state file names the KV copies only once they are whole
+        except BaseException as ex:
+            for _r, st in stagings:
+                e.store.abort(st)
+            _broadcast(e, m, m.live_instances(), Op.RESUME, {
+                i.name: {"state": "resident"} for i in m.instances.values()
+            })  # fmt: skip
+            e.set_state(m, S.RESIDENT, f"swap-out rolled back: {ex}")
+            if isinstance(ex, ClientFailed | RemoteError | OSError):
+                raise ClientFailed(f"swap-out of {m.name} rolled back: {ex}") from ex
+            raise
+        discarded = kv_mode is KvMode.DISCARD and any(
+            r.kind is RegionKind.KV for i in live for r in i.regions.values()
+        )
+        ok, failed = _broadcast(
+            e, m, live, Op.UNMAP, {i.name: {"kv_discarded": discarded} for i in live}
+        )
+        e.set_state(m, S.UNMAPPED)
+        for inst in ok:
+            self.release_instance(m, inst)
+        for inst, why in failed:  # a client that cannot unmap is cut off, its chunks released
+            log.warning("model %s: %s; disconnecting it", m.name, why)
+            if inst.peer is not None:
+                inst.peer.close()
+            self.release_instance(m, inst)
+        m.kv_discarded = discarded
+        m.swap_outs += 1
+        m.last_swap_out_seconds = time.perf_counter() - started
+        e.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
+
+    def _drop_gone(self, m: ModelRecord, failed: list[tuple[InstanceRecord, str]]) -> None:
+        """Instances whose process died mid-operation leave it; the rest decide the outcome."""
+        for inst, _ in list(failed):
+            if not inst.live:
+                failed.remove((inst, _))
+
+    # -- swap-in -------------------------------------------------------------------------
+
+    def swap_in_locked(self, m: ModelRecord) -> None:
+        e = self.engine
+        if m.state is S.RESIDENT:
+            return
+        if m.state is not S.SWAPPED_OUT:
+            raise WrongState(f"model {m.name} is {m.state}, not SwappedOut")
+        live = m.live_instances()
+        if not live:
+            raise WrongState(f"model {m.name} has no connected instance to swap into")
+        started = time.perf_counter()
+        m.epoch += 1
+        e.set_state(m, S.ALLOCATING, "swap-in requested")
+        try:
+            self.bring_in(m, live, track_states=True)
+        except BaseException as ex:
+            e.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
+            raise
+        m.swap_ins += 1
+        m.last_swap_in_seconds = time.perf_counter() - started
+        m.last_used = time.monotonic()
+        e.set_state(m, S.RESIDENT, "swapped in")
+
+    def bring_in(
+        self, m: ModelRecord, instances: list[InstanceRecord], *, track_states: bool
+    ) -> dict[str, dict[str, Any]]:  # noqa: E501
+        """Allocate, map and restore `instances`; returns each instance's restore reply body."""
+        e = self.engine
+        need = sum(r.size_bytes for i in instances for r in i.regions.values())
+        self.make_room(m, need)
+        made: dict[int, list[Chunk]] = {}
+        mapped: list[InstanceRecord] = []
+        try:
+            bodies: dict[str, dict[str, Any]] = {}
+            fds: dict[str, list[int]] = {}
+            for inst in instances:
+                lst = fds.setdefault(inst.name, [])
+                regions_doc = []
+                for r in inst.regions.values():
+                    chunks = self.allocate(m, r.size_bytes)
+                    made[id(r)] = chunks
+                    offset = 0
+                    chunk_docs = []
+                    for c in chunks:
+                        chunk_docs.append({"offset": offset, "bytes": c.size_bytes, "fd": len(lst)})
+                        lst.append(e.allocator.export_fd(c))
+                        offset += c.size_bytes
+                    regions_doc.append({"tag": r.tag, "chunks": chunk_docs})
+                bodies[inst.name] = {"regions": regions_doc}
+            try:
+                ok, failed = _broadcast(e, m, instances, Op.MAP, bodies, fds)
+            finally:
+                for lst in fds.values():
+                    for fd in lst:
+                        e.close_fd(fd)
+            for inst in ok:
+                for r in inst.regions.values():
+                    r.chunks = made.pop(id(r))
+                inst.mapped = True
+                mapped.append(inst)
+            if failed:
+                raise ClientFailed("; ".join(why for _, why in failed))
+            if track_states:
+                e.set_state(m, S.MAPPED)
+                e.set_state(m, S.RESTORING)
+            results = self._restore(m, instances)
+        except BaseException:
+            for lst2 in made.values():
+                self.release_chunks(m, lst2)
+            if mapped:
+                _broadcast(e, m, mapped, Op.UNMAP, {i.name: {"rollback": True} for i in mapped})
+                for inst in mapped:
+                    self.release_instance(m, inst)
+            raise
+        for inst in instances:  # HBM holds the newest KV now; the saved copy is stale
+            for r in inst.regions.values():
+                if r.kv_file is not None:
+                    e.store.delete(r.kv_file)
+                    r.kv_file = None
+        return results
+
+    def _restore(
+        self, m: ModelRecord, instances: list[InstanceRecord]
+    ) -> dict[str, dict[str, Any]]:  # noqa: E501
+        e = self.engine
+        bodies: dict[str, dict[str, Any]] = {}
+        fds: dict[str, list[int]] = {}
+        for inst in instances:
+            lst = fds.setdefault(inst.name, [])
+            docs = []
+            for r in inst.regions.values():
+                source = None
+                if r.kind is RegionKind.WEIGHTS and r.weights_file is not None:
+                    source = r.weights_file
+                elif (r.kind is RegionKind.KV and r.kv_file is not None
+                      and m.config.kv_mode is KvMode.PRESERVE):  # fmt: skip
+                    source = r.kv_file
+                if source is None:
+                    docs.append({"tag": r.tag, "fresh": True})
+                else:
+                    docs.append({"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes})
+                    lst.append(e.store.open_readonly(source))
+            bodies[inst.name] = {"regions": docs}
+        results: dict[str, dict[str, Any]] = {}
+        try:
+            pending: list[tuple[InstanceRecord, PendingReply]] = []
+            for inst in instances:
+                if inst.peer is None:
+                    raise ClientFailed(f"instance {inst.name} is gone")
+                pending.append((inst, inst.peer.request_start(
+                    Op.RESTORE, bodies[inst.name], m.epoch, fds[inst.name])))  # fmt: skip
+        except ConnectionLost as ex:
+            raise ClientFailed(str(ex)) from ex
+        finally:
+            for lst in fds.values():
+                for fd in lst:
+                    e.close_fd(fd)
+        deadline = time.monotonic() + e.settings.client_timeout_seconds
+        for inst, p in pending:
+            try:
+                reply = p.wait(max(deadline - time.monotonic(), 0.0))
+            except (TimeoutError, ConnectionLost) as ex:
+                raise ClientFailed(f"restore on instance {inst.name}: {ex}") from ex
+            reply.close_fds()
+            if not reply.ok:
+                raise ClientFailed(f"restore on instance {inst.name}: {reply.error_message}")
+            results[inst.name] = reply.body
+        return results

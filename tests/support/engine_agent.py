@@ -1,0 +1,134 @@
+"""A stand-alone engine process for integration tests and the benchmark.
+
+    python -m tests.support.engine_agent --socket S --control C --store DIR \
+        --gpu-bytes 128M --gpu-bytes 128M --model a:0:preserve --model b:1:discard
+
+The engine serves clients on `--socket`; a test drives it over `--control` (a Unix
+stream socket, one JSON object per line each way): vouch, swap_out, swap_in, status.
+Vouching is exactly what the test registers (`RegisteredVoucher`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from modelswap_api.wire import KvMode
+from modelswap_sidecar.allocators.base import Location
+from modelswap_sidecar.allocators.sim import SimAllocator
+from modelswap_sidecar.engine.core import Engine, EngineSettings, as_dict
+from modelswap_sidecar.engine.errors import EngineError
+from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.records import ModelConfig
+from modelswap_sidecar.engine.server import EngineServer, harden_process
+from modelswap_sidecar.engine.vouching import RegisteredVoucher
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    if text[-1] in UNITS:
+        return int(text[:-1]) * UNITS[text[-1]]
+    return int(text)
+
+
+def status_doc(engine: Engine, allocator: SimAllocator) -> dict[str, Any]:
+    return {
+        "models": {s.name: as_dict(s) for s in engine.statuses()},
+        "gpus": [
+            {
+                "gpu": g,
+                "budget_used_bytes": engine.budget(g).used_bytes,
+                "budget_bytes": engine.budget(g).budget_bytes,
+                "allocator_used_bytes": allocator.memory_info(Location.device(g)).used_bytes,
+                "pooled_bytes": allocator.pooled_bytes(Location.device(g)),
+                "capacity_bytes": allocator.memory_info(Location.device(g)).total_bytes,
+                "host_store_bytes": engine.store.used_bytes(g),
+            }
+            for g in sorted(engine.budgets)
+        ],
+    }
+
+
+def serve_control(
+    path: str, engine: Engine, allocator: SimAllocator, voucher: RegisteredVoucher
+) -> None:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    print("ready", flush=True)
+
+    def session(conn: socket.socket) -> None:
+        with conn, conn.makefile("rw") as f:
+            for line in f:
+                cmd = json.loads(line)
+                out: dict[str, Any] = {"ok": True}
+                try:
+                    op = cmd["cmd"]
+                    if op == "vouch":
+                        voucher.register(int(cmd["pid"]), str(cmd["model"]))
+                    elif op == "swap_out":
+                        engine.swap_out(cmd["model"])
+                    elif op == "swap_in":
+                        engine.swap_in(cmd["model"])
+                    elif op == "status":
+                        out["status"] = status_doc(engine, allocator)
+                    elif op == "pool_full":
+                        out["full"] = allocator.wait_pool_full(float(cmd.get("timeout", 30)))
+                except EngineError as e:
+                    out = {"ok": False, "code": str(e.code), "error": str(e)}
+                f.write(json.dumps(out) + "\n")
+                f.flush()
+
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=session, args=(conn,), daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--socket", required=True)
+    p.add_argument("--control", required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--gpu-bytes", action="append", required=True)
+    p.add_argument("--store-bytes", default="4G", help="host store capacity per GPU")
+    p.add_argument("--pool-chunk-bytes", default="32M")
+    p.add_argument("--model", action="append", default=[], help="name:gpu[:kv mode]")
+    p.add_argument("--grace", type=float, default=5.0)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(name)s: %(message)s")
+    harden_process()
+    capacities = [parse_bytes(g) for g in args.gpu_bytes]
+    allocator = SimAllocator(
+        capacities_bytes=capacities, pool_chunk_bytes=parse_bytes(args.pool_chunk_bytes)
+    )
+    store = HostStore(
+        Path(args.store), dict.fromkeys(range(len(capacities)), parse_bytes(args.store_bytes))
+    )
+    voucher = RegisteredVoucher()
+    settings = EngineSettings(
+        readopt_grace_seconds=args.grace, drain_timeout_seconds=args.drain_timeout
+    )
+    engine = Engine(allocator, store, voucher, settings)
+    engine.recover()
+    for spec in args.model:
+        name, gpu, *rest = spec.split(":")
+        engine.add_model(ModelConfig(name, int(gpu), KvMode(rest[0]) if rest else KvMode.DISCARD))
+    server = EngineServer(engine, Path(args.socket))
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    serve_control(args.control, engine, allocator, voucher)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

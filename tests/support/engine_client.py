@@ -1,0 +1,120 @@
+"""A model process for integration tests: the client library driven over stdin/stdout.
+
+One JSON command per stdin line, one JSON answer per stdout line:
+    {"cmd": "attach", "model", "instance", "socket", "regions": [[tag, bytes, kind], ...]}
+    {"cmd": "fill", "tag", "seed"}        random bytes into the region (under in_use) → sha256
+    {"cmd": "hash", "tag"}                sha256 of the region, under in_use (swaps in)
+    {"cmd": "raw_hash", "tag", "address"} sha256 at a captured address, without in_use
+    {"cmd": "commit"} {"cmd": "state"} {"cmd": "hold"} {"cmd": "release"}
+    {"cmd": "stray_read", "address"}      a forked child reads it; → its exit signal
+    {"cmd": "close"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+from typing import Any
+
+from modelswap_client.client import Attachment, ClientError, RegionSpec, attach
+
+
+def fill(att: Attachment, tag: str, seed: int) -> str:
+    region = att.regions[tag]
+    data = random.Random(seed).randbytes(region.size_bytes)
+    with att.in_use():
+        ctypes.memmove(region.address, data, len(data))
+    return hashlib.sha256(data).hexdigest()
+
+
+def region_hash(att: Attachment, tag: str) -> str:
+    region = att.regions[tag]
+    with att.in_use():
+        return hashlib.sha256(ctypes.string_at(region.address, region.size_bytes)).hexdigest()
+
+
+def stray_read(address: int) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child touches memory that is no longer mapped
+        ctypes.string_at(address, 1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+
+
+def main() -> int:
+    att: Attachment | None = None
+    hold_entered = threading.Event()
+    hold_release = threading.Event()
+    out = sys.stdout
+    for line in sys.stdin:
+        cmd: dict[str, Any] = json.loads(line)
+        answer: dict[str, Any] = {"ok": True}
+        try:
+            op = cmd["cmd"]
+            if op == "attach":
+                att = attach(
+                    cmd["model"],
+                    [RegionSpec(t, int(n), k) for t, n, k in cmd["regions"]],
+                    instance=cmd.get("instance", "0"),
+                    socket_path=cmd["socket"],
+                    timeout_seconds=float(cmd.get("timeout", 60)),
+                )
+                answer["restored"] = att.restored
+                answer["addresses"] = {t: r.address for t, r in att.regions.items()}
+            elif att is None:
+                raise RuntimeError("attach first")
+            elif op == "fill":
+                answer["sha256"] = fill(att, cmd["tag"], int(cmd["seed"]))
+            elif op == "hash":
+                answer["sha256"] = region_hash(att, cmd["tag"])
+            elif op == "raw_hash":
+                size = att.regions[cmd["tag"]].size_bytes
+                raw = ctypes.string_at(int(cmd["address"]), size)
+                answer["sha256"] = hashlib.sha256(raw).hexdigest()
+            elif op == "commit":
+                att.commit()
+            elif op == "state":
+                answer["state"] = str(att.state)
+                answer["kv_discarded"] = att.kv_discarded
+                answer["epoch"] = att.epoch
+            elif op == "hold":
+                hold_entered.clear()
+                hold_release.clear()
+                a = att
+
+                def holder() -> None:
+                    with a.in_use():
+                        hold_entered.set()
+                        hold_release.wait()
+
+                threading.Thread(target=holder, daemon=True).start()
+                hold_entered.wait(60)
+                answer["held"] = hold_entered.is_set()
+            elif op == "release":
+                hold_release.set()
+            elif op == "stray_read":
+                answer["signal"] = stray_read(int(cmd["address"]))
+            elif op == "close":
+                att.close()
+                att = None
+        except (ClientError, RuntimeError, TimeoutError, OSError) as e:
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            if isinstance(e, ClientError):
+                answer["code"] = str(e.code)
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    if att is not None:
+        with contextlib.suppress(Exception):
+            att.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
