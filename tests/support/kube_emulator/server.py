@@ -1,0 +1,160 @@
+"""A Kubernetes API server emulator for tests: an aiohttp server on a loopback port.
+
+Why not kmock's `KubernetesEmulator` alone: kmock 0.8 (by kopf's author) lacks behaviour
+that kopf, the official client and kubectl rely on, so this is a server of its own (plain
+aiohttp, no kmock import), with everything below made real:
+
+- discovery: `/api`, `/apis`, `/apis/{group}`, resource lists with core `v1` as `v1`,
+  shortNames, categories, verbs, `status` subresources; `/version` (1.34); `/healthz`;
+- `/openapi/v2` (JSON only; protobuf is refused with 406) and `/openapi/v3` (root and one
+  document per group/version, with CRD schemas, PATCH content types and `fieldValidation`),
+  so `kubectl apply` validates through the server as against a real cluster;
+- CRD registration on create (Established/NamesAccepted status just after), update and
+  delete (instances and watches dropped); built-ins: Namespaces, Nodes, Pods, Events,
+  Secrets, ConfigMaps, ServiceAccounts, Services, Leases, EndpointSlices, CRDs;
+- metadata semantics: uid, creationTimestamp, resourceVersion on every write (one global
+  counter), generation bumped on spec changes and when deletionTimestamp is set,
+  generateName, namespace from the URL (checked against the body), POST → 201, PUT with a
+  resourceVersion required on custom resources (422) and compared (409), no-op writes not
+  written, `/status` subresource rules, finalizers and deletionTimestamp (no new finalizers
+  while deleting), delete preconditions, garbage collection of dependents by
+  ownerReferences, namespace termination, 404 for a missing namespace;
+- patches: merge, JSON (with `test`), strategic merge for built-ins (415 on custom
+  resources), apply-patch approximated as create-or-merge (no field ownership);
+- `fieldValidation=Strict|Warn|Ignore` with the real wording (400 / `Warning: 299` / pruned),
+  `dryRun=All` on every write;
+- custom objects validated by `modelswap_api.validation.SchemaValidator` (schema, defaults,
+  pruning, CEL): 422 Invalid with one cause per field;
+- list: `labelSelector` (equality and set-based), `fieldSelector` (metadata.name,
+  metadata.namespace, CRD selectableFields, event fields; 400 for others), kind/apiVersion,
+  `limit`/`continue`, server-side Table output from additionalPrinterColumns;
+- watch: initial ADDED, resume from resourceVersion, ADDED/MODIFIED/DELETED/BOOKMARK,
+  selector transitions, `sendInitialEvents`, `timeoutSeconds`, and a too-old
+  resourceVersion answered as an ERROR event (Status 410) inside the 200 stream;
+- a generated kubeconfig (a token is written but not checked: client-go sends no bearer
+  token over plain HTTP, and the emulator serves plain HTTP on loopback only).
+
+Start it in-process (`async with KubeEmulator() as api`), in a thread of its own
+(`tests.support.kube_emulator.hosting.EmulatorThread`, for blocking clients and KopfRunner)
+or as a subprocess (`hosting.EmulatorProcess`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from tests.support.kube_emulator.errors import ApiError
+from tests.support.kube_emulator.handlers import Handlers, error_response, json_response
+from tests.support.kube_emulator.operations import Cluster
+
+
+class KubeEmulator:
+    """One emulated API server. `url`, `token` and `kubeconfig()` once started."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        history_size: int = 10_000,
+        bookmark_interval_s: float = 1.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.token = token or secrets.token_hex(16)
+        self.cluster = Cluster(history_size)
+        self._handlers = Handlers(self.cluster, bookmark_interval_s=bookmark_interval_s)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        return app
+
+    @web.middleware
+    async def _middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e)
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/emulator/compact" and request.method == "POST":
+            self.cluster.store.compact()
+            return json_response({"resourceVersion": str(self.cluster.store.rv)})
+        if request.method == "GET":
+            answered = self._handlers.non_resource(request)
+            if answered is not None:
+                return answered
+        response = await self._handlers.resource(request)
+        if response is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        return response
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=0.1)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> KubeEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        return kubeconfig(self.url, self.token, namespace)
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        path.write_text(yaml.safe_dump(self.kubeconfig(namespace)))
+        path.chmod(0o600)
+        return path
+
+
+def kubeconfig(url: str, token: str, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "emulator", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "emulator",
+                "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace},
+            }
+        ],
+        "current-context": "emulator",
+        "preferences": {},
+    }
