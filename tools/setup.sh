@@ -11,3 +11,4 @@ fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e '.[dev]'
 "$venv/bin/python" tools/install_kube_tools.py "$venv/bin"
+"$venv/bin/python" tools/install_triton.py --python "$python" --venv .venv-triton
