@@ -1,0 +1,68 @@
+"""Helpers for tests against the API emulator: clients, kubectl, manifests, waiting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client, config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
+EMULATOR_DATA = REPO_ROOT / "tests" / "data" / "emulator"
+T = TypeVar("T")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def api_client(kubeconfig_path: Path) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(kubeconfig_path))
+
+
+def wait_for(condition: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:
+    """Poll `condition` until it returns something truthy; fail after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
+        time.sleep(0.02)
+
+
+class Kubectl:
+    """The real kubectl against one kubeconfig, with a private HOME and discovery cache."""
+
+    def __init__(self, kubeconfig_path: Path, home: Path) -> None:
+        if not KUBECTL.exists():
+            raise RuntimeError(f"{KUBECTL} is missing: run `make setup`")
+        self.env = dict(os.environ, KUBECONFIG=str(kubeconfig_path), HOME=str(home))
+        self.cache_dir = home / "kube-cache"
+
+    def run(
+        self, *args: str, input_text: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(KUBECTL), f"--cache-dir={self.cache_dir}", *args],
+            env=self.env,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+            )
+        return result
