@@ -109,12 +109,15 @@ def load(*, runtime: bool = False) -> Bindings:
         rt: Any | None = None
         if runtime:
             try:
-                from cuda.bindings import runtime as rt  # noqa: PLC0415
+                from cuda.bindings import runtime as rt_module  # noqa: PLC0415
             except ImportError as e:
                 raise CudaUnavailable(f"cuda.bindings.runtime cannot be imported: {e}") from e
+            rt = rt_module
         major, version = _bindings_version(package, driver)
         if major not in (12, 13):
-            log.warning("cuda-bindings %s: only 12.x and 13.x are known; trying 13.x calls", version)
+            log.warning(
+                "cuda-bindings %s: only 12.x and 13.x are known; trying 13.x calls", version
+            )
             major = 13
         return Bindings(driver=driver, runtime=rt, major=major, version=version)
 
@@ -128,7 +131,7 @@ def error_name(b: Bindings, code: Any, *, runtime: bool = False) -> str:
             err, raw = b.driver.cuGetErrorName(code)
         if int(err) == CUDA_SUCCESS and raw:
             return raw.decode() if isinstance(raw, bytes) else str(raw)
-    except Exception:  # noqa: BLE001 - a name is a nicety; never mask the real error
+    except Exception:
         pass
     name = getattr(code, "name", None)
     return str(name) if name else f"error {int(code)}"
@@ -205,7 +208,9 @@ def host_location(b: Bindings, numa_node: int | None = None) -> Any:
     return _fill_location(b, b.driver.CUmemLocation(), None, numa_node)
 
 
-def allocation_prop(b: Bindings, *, ordinal: int | None = None, numa_node: int | None = None) -> Any:
+def allocation_prop(
+    b: Bindings, *, ordinal: int | None = None, numa_node: int | None = None
+) -> Any:
     """Pinned allocation on GPU `ordinal` (or host NUMA node), exportable as a POSIX fd."""
     d = b.driver
     prop = d.CUmemAllocationProp()
@@ -268,7 +273,7 @@ def mem_advise(b: Bindings, ptr: int, size: int, advice: Any, ordinal: int | Non
 
 
 def _rt_location(b: Bindings, ordinal: int | None) -> Any:
-    rt = b.runtime
+    rt = _runtime(b)
     loc = rt.cudaMemLocation()
     if ordinal is None:
         loc.type = rt.cudaMemLocationType.cudaMemLocationTypeHost
