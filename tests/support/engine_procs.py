@@ -58,8 +58,9 @@ class Proc:
 
 
 class ClientProc(Proc):
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
         super().__init__(["-m", "tests.support.engine_client"], "client")
+        self.model = model
 
     def call(self, **cmd: Any) -> dict[str, Any]:
         assert self.popen.stdin is not None and self.popen.stdout is not None
@@ -94,14 +95,15 @@ class AgentProc(Proc):
         assert self.popen.stdout is not None
         line = self.popen.stdout.readline()
         assert line.strip() == "ready", f"agent did not start: {line!r}"
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(self.control)
-        self._file = self._conn.makefile("rw")
 
     def call(self, **cmd: Any) -> dict[str, Any]:
-        self._file.write(json.dumps(cmd) + "\n")
-        self._file.flush()
-        line = self._file.readline()
+        """One control command on its own connection (so calls may run concurrently)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self.control)
+            with conn.makefile("rw") as f:
+                f.write(json.dumps(cmd) + "\n")
+                f.flush()
+                line = f.readline()
         if not line:
             raise AssertionError("agent control connection closed")
         result: dict[str, Any] = json.loads(line)
@@ -116,11 +118,6 @@ class AgentProc(Proc):
         status: dict[str, Any] = self.ok(cmd="status")["status"]
         return status
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._file.close()
-            self._conn.close()
-        super().close()
 
 
 class Procs:
@@ -135,7 +132,7 @@ class Procs:
         return a
 
     def client(self, agent: AgentProc, model: str, vouch: bool = True) -> ClientProc:
-        c = ClientProc()
+        c = ClientProc(model)
         self.all.append(c)
         if vouch:
             agent.ok(cmd="vouch", pid=c.pid, model=model)

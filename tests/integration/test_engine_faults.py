@@ -1,0 +1,205 @@
+"""Faults: kill -9 of clients and of the agent, restart, readopt, restore from the host store.
+
+Memory is checked independently of the engine's counters: `memfd:` mappings in the
+clients' /proc/<pid>/maps and fstat of the memfds the agent holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.engine_procs import (
+    AgentProc,
+    ClientProc,
+    Procs,
+    memfd_fd_inodes,
+    memfd_mappings,
+    wait_for,
+)
+
+MIB = 1 << 20
+REGIONS = [["w", 6 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    workdir = Path(tempfile.mkdtemp(prefix="modelswap-faults-", dir="/dev/shm"))
+    p = Procs(workdir)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def loaded(procs: Procs, agent: AgentProc, model: str, seed: int) -> tuple[ClientProc, dict[str, str]]:  # noqa: E501
+    c = procs.client(agent, model)
+    r = c.ok(cmd="attach", model=model, socket=agent.socket, regions=REGIONS)
+    assert not r["restored"]
+    hashes = {t: c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"]
+              for i, (t, _, _) in enumerate(REGIONS)}  # fmt: skip
+    c.ok(cmd="commit")
+    return c, hashes
+
+
+def client_chunk_bytes(pid: int) -> int:
+    return sum(end - start for start, end, _, _ in memfd_mappings(pid))
+
+
+def assert_accounting(agent: AgentProc, clients: list[ClientProc]) -> None:
+    """HBM accounting is exact: what clients map is what the engine and allocator charge."""
+    assert agent.ok(cmd="pool_full")["full"]  # no refill in flight while we count
+    gpu = agent.status()["gpus"][0]
+    mapped = sum(client_chunk_bytes(c.pid) for c in clients if c.popen.poll() is None)
+    assert gpu["budget_used_bytes"] == mapped
+    assert gpu["allocator_used_bytes"] == mapped
+    held = sum(memfd_fd_inodes(agent.pid).values())
+    assert held <= gpu["capacity_bytes"]
+    assert held == gpu["allocator_used_bytes"] + gpu["pooled_bytes"]
+
+
+def restart(procs: Procs, old: AgentProc, models: list[str]) -> AgentProc:
+    old.kill9()
+    agent = procs.agent(["64M"], models, ["--grace", "5"])
+    for p in procs.all:
+        if isinstance(p, ClientProc) and p.popen.poll() is None:
+            agent.ok(cmd="vouch", pid=p.pid, model=p.model)
+    return agent
+
+
+@pytest.mark.parametrize("state", ["resident", "swapped_out", "draining", "loading"])
+def test_kill_client_in_each_state_frees_its_memory(procs: Procs, state: str) -> None:
+    agent = procs.agent(["64M"], ["m:0:preserve"])
+    if state == "loading":
+        c = procs.client(agent, "m")
+        c.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
+        hashes = None
+    else:
+        c, hashes = loaded(procs, agent, "m", 1)
+    swap_out: threading.Thread | None = None
+    if state == "swapped_out":
+        agent.ok(cmd="swap_out", model="m")
+    elif state == "draining":
+        assert c.ok(cmd="hold")["held"]
+        swap_out = threading.Thread(target=agent.call, kwargs={"cmd": "swap_out", "model": "m"})
+        swap_out.start()
+        wait_for(lambda: agent_state(agent) == "Draining", what="draining")
+    inodes = {ino for *_, ino in memfd_mappings(c.pid)}
+    c.kill9()
+    if swap_out is not None:
+        swap_out.join(timeout=30)
+    wait_for(lambda: agent.status()["gpus"][0]["budget_used_bytes"] == 0, what="chunks released")
+    assert not inodes & set(memfd_fd_inodes(agent.pid))
+    assert_accounting(agent, [])
+    expected = "Loading" if state == "loading" else "SwappedOut"
+    assert agent_state(agent) == expected
+    # a new process of the same model: restored from the host store, never reloaded
+    c2 = procs.client(agent, "m")
+    r = c2.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
+    assert r["restored"] is (state != "loading")
+    if hashes is not None:
+        assert c2.ok(cmd="hash", tag="w")["sha256"] == hashes["w"]
+        if state == "swapped_out":  # preserved KV was saved at swap-out
+            assert c2.ok(cmd="hash", tag="kv")["sha256"] == hashes["kv"]
+
+
+def agent_state(agent: AgentProc, model: str = "m") -> str:
+    state: str = agent.status()["models"][model]["state"]
+    return state
+
+
+def _client(procs: Procs, agent: AgentProc, model: str, seed: int) -> tuple[ClientProc, dict[str, str]]:  # noqa: E501
+    c, h = loaded(procs, agent, model, seed)
+    return c, h
+
+
+@pytest.mark.parametrize("when", ["resident", "swapped_out", "during_swap_out", "during_swap_in"])
+def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
+    models = ["a:0:preserve", "b:0:preserve"]
+    agent = procs.agent(["64M"], models)
+    ca, ha = _client(procs, agent, "a", 1)
+    cb, hb = _client(procs, agent, "b", 50)
+    if when == "swapped_out":
+        agent.ok(cmd="swap_out", model="b")
+    elif when == "during_swap_out":
+        assert cb.ok(cmd="hold")["held"]  # the swap-out of b drains forever
+        threading.Thread(target=agent.call, kwargs={"cmd": "swap_out", "model": "b"},
+                         daemon=True).start()  # fmt: skip
+        wait_for(lambda: cb.ok(cmd="state")["state"] == "draining", what="draining")
+    elif when == "during_swap_in":
+        agent.ok(cmd="swap_out", model="b")
+        assert cb.ok(cmd="hash", tag="w")["sha256"] == hb["w"]
+        agent.ok(cmd="swap_out", model="b")
+        # kill the agent while b's swap-in (asked for by in_use) is under way
+        t = threading.Thread(target=cb.call, kwargs={"cmd": "hash", "tag": "w"}, daemon=True)
+        t.start()
+        wait_for(lambda: agent_state(agent, "b") != "SwappedOut" or not t.is_alive(),
+                 what="swap-in started")  # fmt: skip
+    agent = restart(procs, agent, models)
+    if when == "during_swap_out":
+        cb.ok(cmd="release")
+    wait_for(lambda: all(s["state"] in ("Resident", "SwappedOut")
+                         for s in agent.status()["models"].values()), what="settled")  # fmt: skip
+    wait_for(lambda: sum(s["instances"] for s in agent.status()["models"].values()) == 2,
+             what="both clients reconnected")  # fmt: skip
+    if when == "during_swap_in":
+        t.join(timeout=30)
+    # readopted: resident models were not copied again; their bytes are intact
+    assert agent.status()["models"]["a"]["state"] == "Resident"
+    assert agent.status()["models"]["a"]["swap_ins"] == 0
+    assert_accounting(agent, [ca, cb])
+    assert ca.ok(cmd="hash", tag="w")["sha256"] == ha["w"]
+    assert ca.ok(cmd="hash", tag="kv")["sha256"] == ha["kv"]
+    assert cb.ok(cmd="hash", tag="w")["sha256"] == hb["w"]
+    assert cb.ok(cmd="hash", tag="kv")["sha256"] == hb["kv"]
+    assert_accounting(agent, [ca, cb])
+    agent.ok(cmd="swap_out", model="a")
+    assert memfd_mappings(ca.pid) == []
+    assert_accounting(agent, [ca, cb])
+
+
+def test_agent_killed_during_host_store_write_loses_nothing(procs: Procs) -> None:
+    models = ["m:0:preserve"]
+    agent = procs.agent(["64M"], models)
+    c = procs.client(agent, "m")
+    c.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
+    h = c.ok(cmd="fill", tag="w", seed=9)["sha256"]
+    # the commit's save is in flight when the agent dies; the client retries after readopt
+    t = threading.Thread(target=c.call, kwargs={"cmd": "commit"}, daemon=True)
+    t.start()
+    agent = restart(procs, agent, models)
+    t.join(timeout=60)
+    wait_for(lambda: agent_state(agent) in ("Resident", "Loading"), what="settled")
+    c.ok(cmd="commit")
+    assert agent_state(agent) == "Resident"
+    assert not list((procs.workdir / "store").rglob("*.tmp"))
+    agent.ok(cmd="swap_out", model="m")
+    assert c.ok(cmd="hash", tag="w")["sha256"] == h
+    assert_accounting(agent, [c])
+
+
+def test_agent_and_clients_killed_restore_from_host_store(procs: Procs) -> None:
+    models = ["a:0:preserve", "b:0:preserve"]
+    agent = procs.agent(["64M"], models)
+    ca, ha = _client(procs, agent, "a", 1)
+    cb, hb = _client(procs, agent, "b", 2)
+    agent.ok(cmd="swap_out", model="b")  # b's KV is in the host store, a's only in HBM
+    agent.kill9()
+    ca.kill9()
+    cb.kill9()
+    agent = procs.agent(["64M"], models, ["--grace", "0.5"])
+    wait_for(lambda: all(s["state"] == "SwappedOut" for s in agent.status()["models"].values()),
+             what="recovered")  # fmt: skip
+    assert_accounting(agent, [])
+    for name, hashes, kv_kept in (("a", ha, False), ("b", hb, True)):
+        c = procs.client(agent, name)
+        r = c.ok(cmd="attach", model=name, socket=agent.socket, regions=REGIONS)
+        assert r["restored"] is True
+        assert c.ok(cmd="hash", tag="w")["sha256"] == hashes["w"]
+        assert (c.ok(cmd="hash", tag="kv")["sha256"] == hashes["kv"]) is kv_kept
