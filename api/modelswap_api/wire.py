@@ -151,8 +151,9 @@ def _encode(message: Message, nfds: int) -> bytes:
         "body": message.body,
         "nfds": nfds,
     }
-    if message.op is Op.REPLY:
+    if message.op in (Op.REPLY, Op.FDS):
         doc["re"] = message.re
+    if message.op is Op.REPLY:
         doc["ok"] = message.ok
         if not message.ok:
             doc["error"] = {"code": str(message.error_code), "message": message.error_message}
@@ -167,8 +168,9 @@ def _decode(data: bytes) -> tuple[Message, int]:
         doc = json.loads(data)
         op = Op(doc["op"])
         message = Message(op, int(doc["id"]), int(doc.get("epoch", 0)), dict(doc.get("body", {})))
-        if op is Op.REPLY:
+        if op in (Op.REPLY, Op.FDS):
             message.re = int(doc["re"])
+        if op is Op.REPLY:
             message.ok = bool(doc["ok"])
             if not message.ok:
                 error = doc.get("error", {})

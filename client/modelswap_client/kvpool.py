@@ -1,0 +1,136 @@
+"""A tiered KV-cache block pool: HBM blocks for short sequences, host blocks for long ones.
+
+The HBM tier is a fixed KV region the agent maps (so the HBM budget never grows with
+sequence length). A sequence's blocks come from HBM while it is at most
+`offload_after_tokens` long; the blocks it needs beyond that come from the host tier,
+which holds at most `host_bytes`. When the host tier is full, the least recently used
+other sequence loses its host blocks (the caller sees it in `evicted` and recomputes).
+Every block says which tier it is in.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import enum
+import mmap
+from dataclasses import dataclass, field
+
+
+class Tier(enum.StrEnum):
+    HBM = "hbm"
+    HOST = "host"
+
+
+class KvPoolFull(Exception):  # noqa: N818 - reads as the condition
+    """No free block in the tier a sequence needs, and nothing left to evict."""
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    tier: Tier
+    index: int
+    address: int
+
+
+@dataclass(slots=True)
+class _Sequence:
+    tokens: int = 0
+    blocks: list[Block] = field(default_factory=list)
+
+
+class TieredKvPool:
+    def __init__(
+        self,
+        hbm_address: int,
+        hbm_bytes: int,
+        *,
+        block_bytes: int,
+        tokens_per_block: int,
+        offload_after_tokens: int,
+        host_bytes: int,
+    ) -> None:
+        if block_bytes <= 0 or tokens_per_block <= 0:
+            raise ValueError("block_bytes and tokens_per_block must be positive")
+        self.block_bytes = block_bytes
+        self.tokens_per_block = tokens_per_block
+        self.offload_after_tokens = offload_after_tokens
+        self._hbm_address = hbm_address
+        self._hbm_free = collections.deque(range(hbm_bytes // block_bytes))
+        host_blocks = host_bytes // block_bytes
+        # host tier: anonymous memory of this process (pinned host memory for CUDA mappers)
+        self._host_map = mmap.mmap(-1, max(host_blocks * block_bytes, mmap.PAGESIZE))
+        self._host_free = collections.deque(range(host_blocks))
+        anchor = ctypes.c_char.from_buffer(self._host_map)
+        self._host_base = ctypes.addressof(anchor)
+        del anchor  # release the buffer export so close() can unmap
+        self._sequences: collections.OrderedDict[str, _Sequence] = collections.OrderedDict()
+        self.evicted: list[str] = []
+
+    @property
+    def hbm_blocks_free(self) -> int:
+        return len(self._hbm_free)
+
+    @property
+    def host_blocks_free(self) -> int:
+        return len(self._host_free)
+
+    def _host_address(self, index: int) -> int:
+        return self._host_base + index * self.block_bytes
+
+    def blocks(self, seq_id: str) -> list[Block]:
+        return list(self._sequences[seq_id].blocks)
+
+    def append_tokens(self, seq_id: str, tokens: int) -> list[Block]:
+        """Grow a sequence by `tokens`; returns the blocks added (each with its tier)."""
+        seq = self._sequences.setdefault(seq_id, _Sequence())
+        self._sequences.move_to_end(seq_id)
+        added: list[Block] = []
+        target = seq.tokens + tokens
+        while len(seq.blocks) * self.tokens_per_block < target:
+            first_token = len(seq.blocks) * self.tokens_per_block
+            if first_token >= self.offload_after_tokens:
+                block = self._take_host(seq_id)
+            else:
+                if not self._hbm_free:
+                    raise KvPoolFull("no free HBM KV block")
+                i = self._hbm_free.popleft()
+                block = Block(Tier.HBM, i, self._hbm_address + i * self.block_bytes)
+            seq.blocks.append(block)
+            added.append(block)
+        seq.tokens = target
+        return added
+
+    def _take_host(self, seq_id: str) -> Block:
+        while not self._host_free:
+            victim = next((s for s in self._sequences if s != seq_id and any(
+                b.tier is Tier.HOST for b in self._sequences[s].blocks)), None)  # fmt: skip
+            if victim is None:
+                raise KvPoolFull("host KV tier is full (hostBytes)")
+            self._drop_host_blocks(victim)
+        i = self._host_free.popleft()
+        return Block(Tier.HOST, i, self._host_address(i))
+
+    def _drop_host_blocks(self, seq_id: str) -> None:
+        seq = self._sequences[seq_id]
+        keep = [b for b in seq.blocks if b.tier is Tier.HBM]
+        for b in seq.blocks:
+            if b.tier is Tier.HOST:
+                self._host_free.append(b.index)
+        seq.blocks = keep
+        seq.tokens = min(seq.tokens, len(keep) * self.tokens_per_block)
+        self.evicted.append(seq_id)
+
+    def touch(self, seq_id: str) -> None:
+        self._sequences.move_to_end(seq_id)
+
+    def free(self, seq_id: str) -> None:
+        seq = self._sequences.pop(seq_id, None)
+        if seq is None:
+            return
+        for b in seq.blocks:
+            (self._hbm_free if b.tier is Tier.HBM else self._host_free).append(b.index)
+
+    def close(self) -> None:
+        self._sequences.clear()
+        self._host_map.close()
