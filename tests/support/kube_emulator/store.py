@@ -134,5 +134,8 @@ class Store:
         self._watchers.add(watcher)
         return watcher
 
+    def watcher_count(self, key: Key) -> int:
+        return sum(1 for w in self._watchers if w.key == key)
+
     def unwatch(self, watcher: Watcher) -> None:
         self._watchers.discard(watcher)
