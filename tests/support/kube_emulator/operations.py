@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.kube_emulator import clock, crds, patching
+from tests.support.kube_emulator import clock, crds, defaults, patching
 from tests.support.kube_emulator.admission import FieldValidation, admit, check_name
 from tests.support.kube_emulator.errors import (
     STALE,
@@ -124,7 +124,7 @@ class Cluster:
             meta["generation"] = 1
         if "status" in rt.subresources and not rt.status_on_create:
             obj.pop("status", None)
-        self._defaults_on_create(rt, obj)
+        defaults.on_create(rt, obj)
         admitted = admit(rt, obj, field_validation=field_validation, old=None, is_patch=False)
         obj = admitted.object
         new_types = crds.types_for(obj) if rt.key == _CRD_KEY else []
@@ -176,19 +176,6 @@ class Cluster:
                 f"{namespace} because it is being terminated",
                 reason="Forbidden",
             )
-
-    @staticmethod
-    def _defaults_on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
-        if rt.key == _NS_KEY:
-            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-            obj["status"] = {"phase": "Active"}
-            labels = obj["metadata"].setdefault("labels", {})
-            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
-        elif rt.key == _CRD_KEY:
-            names = obj.get("spec", {}).get("names", {})
-            if names.get("kind"):
-                names.setdefault("singular", names["kind"].lower())
-                names.setdefault("listKind", f"{names['kind']}List")
 
     def _register(self, types: list[ResourceType]) -> None:
         for rt in types:
@@ -328,8 +315,7 @@ class Cluster:
                       "Forbidden: no new finalizers can be added if the object is being deleted, "
                       f"found new finalizers {sorted(added)}")],
                 )  # fmt: skip
-        if rt.key == _CRD_KEY:
-            self._defaults_on_create(rt, new)
+        defaults.on_update(rt, old, new)
         admitted = admit(rt, new, field_validation=field_validation, old=old, is_patch=is_patch)
         new = admitted.object
         if rt.has_generation and self._spec_part(rt, new) != self._spec_part(rt, old):
