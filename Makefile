@@ -39,3 +39,8 @@ format: setup ## apply ruff's formatting and safe fixes
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+.PHONY: bench-swap
+bench-swap: setup ## swap-in/out latency and throughput vs the copy ceiling (sim); writes bench/results and docs/BENCHMARKS.md
+	$(BIN)/python -m bench.swap
+	$(BIN)/python -m bench.render

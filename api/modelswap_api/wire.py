@@ -138,9 +138,16 @@ def reply_to(
 
 def error_reply(request: Message, epoch: int, code: ErrorCode, message: str) -> Message:
     return Message(
-        Op.REPLY, 0, epoch, {}, [], re=request.msg_id, ok=False, error_code=code,
+        Op.REPLY,
+        0,
+        epoch,
+        {},
+        [],
+        re=request.msg_id,
+        ok=False,
+        error_code=code,
         error_message=message,
-    )  # fmt: skip
+    )
 
 
 def _encode(message: Message, nfds: int) -> bytes:
@@ -339,9 +346,12 @@ class Peer:
         return int(pid)
 
     def request_start(
-        self, op: Op, body: dict[str, Any] | None = None, epoch: int = 0,
+        self,
+        op: Op,
+        body: dict[str, Any] | None = None,
+        epoch: int = 0,
         fds: list[int] | None = None,
-    ) -> PendingReply:  # fmt: skip
+    ) -> PendingReply:
         msg_id = self.channel.next_id()
         pending = PendingReply(self, msg_id)
         with self._lock:
@@ -356,9 +366,13 @@ class Peer:
         return pending
 
     def request(
-        self, op: Op, body: dict[str, Any] | None = None, epoch: int = 0,
-        fds: list[int] | None = None, timeout_seconds: float | None = None,
-    ) -> Message:  # fmt: skip
+        self,
+        op: Op,
+        body: dict[str, Any] | None = None,
+        epoch: int = 0,
+        fds: list[int] | None = None,
+        timeout_seconds: float | None = None,
+    ) -> Message:
         """Send a request and wait for its reply (raises `RemoteError` for error replies)."""
         reply = self.request_start(op, body, epoch, fds).wait(timeout_seconds)
         if not reply.ok:
@@ -388,9 +402,11 @@ class Peer:
                         pending._finish(message)
                     continue
                 threading.Thread(
-                    target=self._serve, args=(message,), name=f"{self.name}-{message.op}",
+                    target=self._serve,
+                    args=(message,),
+                    name=f"{self.name}-{message.op}",
                     daemon=True,
-                ).start()  # fmt: skip
+                ).start()
         finally:
             self.close()
 

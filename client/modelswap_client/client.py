@@ -218,9 +218,7 @@ class Attachment:
 
     # -- requests to the agent -------------------------------------------------------------
 
-    def _request(
-        self, op: Op, body: dict[str, Any], deadline: float | None = None
-    ) -> Message:
+    def _request(self, op: Op, body: dict[str, Any], deadline: float | None = None) -> Message:
         """Send a request; across an agent restart, wait for the reconnect and retry."""
         deadline = deadline or time.monotonic() + self.timeout_seconds
         while True:
@@ -231,8 +229,9 @@ class Attachment:
             if peer is None:
                 continue
             try:
-                return peer.request(op, body, self.epoch,
-                                    timeout_seconds=max(deadline - time.monotonic(), 0.001))
+                return peer.request(
+                    op, body, self.epoch, timeout_seconds=max(deadline - time.monotonic(), 0.001)
+                )
             except ConnectionLost:
                 continue
             except RemoteError as e:
@@ -296,8 +295,9 @@ class Attachment:
             for h in self._on_readopt:
                 h(self)
             return
-        log.error("%s: agent did not come back within %s s", self.model,
-                  self.reconnect_timeout_seconds)  # fmt: skip
+        log.error(
+            "%s: agent did not come back within %s s", self.model, self.reconnect_timeout_seconds
+        )
 
     def _readopt(self, peer: Peer) -> None:
         with self._op_lock:
@@ -311,12 +311,24 @@ class Attachment:
                     for offset, size, h in r.handles:
                         chunks.append({"offset": offset, "bytes": size, "fd": len(fds)})
                         fds.append(self.mapper.export_fd(h))
-                regions.append({"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind),
-                                "address": r.address, "chunks": chunks})  # fmt: skip
+                regions.append(
+                    {
+                        "tag": r.tag,
+                        "bytes": r.reserved_bytes,
+                        "kind": str(r.kind),
+                        "address": r.address,
+                        "chunks": chunks,
+                    }
+                )
             wire_state = "resident" if mapped else "swapped_out"
             try:
-                reply = peer.request(Op.READOPT, {"state": wire_state, "regions": regions},
-                                     self.epoch, fds, timeout_seconds=self.timeout_seconds)  # fmt: skip
+                reply = peer.request(
+                    Op.READOPT,
+                    {"state": wire_state, "regions": regions},
+                    self.epoch,
+                    fds,
+                    timeout_seconds=self.timeout_seconds,
+                )
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -383,9 +395,11 @@ class Attachment:
             self._drain_token = token
             self._state = ClientState.DRAINING
             self._cond.wait_for(
-                lambda: self._in_use == 0
-                or self._drain_token is not token
-                or self._generation != generation
+                lambda: (
+                    self._in_use == 0
+                    or self._drain_token is not token
+                    or self._generation != generation
+                )
             )
             if self._drain_token is not token or self._generation != generation:
                 raise ClientError("swap-out was cancelled", ErrorCode.STALE)
@@ -414,8 +428,14 @@ class Attachment:
                 host = self.mapper.map_host(fd, int(rd["bytes"]), writable=True)
                 buffers.append(host)
                 for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
-                    events.append(self.mapper.copy_to_host(
-                        host.address + off, r.address + off, size, n % self.mapper.stream_count()))  # fmt: skip
+                    events.append(
+                        self.mapper.copy_to_host(
+                            host.address + off,
+                            r.address + off,
+                            size,
+                            n % self.mapper.stream_count(),
+                        )
+                    )
             for ev in events:
                 ev.wait()
         finally:
@@ -474,8 +494,14 @@ class Attachment:
                 host = self.mapper.map_host(fd, int(rd["bytes"]), writable=False)
                 buffers.append(host)
                 for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
-                    events.append(self.mapper.copy_to_device(
-                        r.address + off, host.address + off, size, n % self.mapper.stream_count()))  # fmt: skip
+                    events.append(
+                        self.mapper.copy_to_device(
+                            r.address + off,
+                            host.address + off,
+                            size,
+                            n % self.mapper.stream_count(),
+                        )
+                    )
                 r.restored = True
                 result[r.tag] = "restored"
             for ev in events:
@@ -522,9 +548,14 @@ def attach(
         raise ClientError(f"no agent socket: pass socket_path or set {SOCKET_ENV}")
     backend = mapper if isinstance(mapper, Mapper) else get_mapper(mapper)
     att = Attachment(
-        model, instance, path, backend, timeout_seconds=timeout_seconds,
-        reconnect_timeout_seconds=reconnect_timeout_seconds, copy_piece_bytes=copy_piece_bytes,
-    )  # fmt: skip
+        model,
+        instance,
+        path,
+        backend,
+        timeout_seconds=timeout_seconds,
+        reconnect_timeout_seconds=reconnect_timeout_seconds,
+        copy_piece_bytes=copy_piece_bytes,
+    )
     try:
         for spec in regions:
             reserved = _round_up(spec.size_bytes)
@@ -538,10 +569,12 @@ def attach(
         except RemoteError as e:
             raise ClientError(f"{model}: registration refused: {e.message}", e.code) from e
         att._connected.set()
-        body = {"regions": [
-            {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}
-            for r in att.regions.values()
-        ]}  # fmt: skip
+        body = {
+            "regions": [
+                {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}
+                for r in att.regions.values()
+            ]
+        }
         reply = att._request(Op.ATTACH, body)
         att.restored = bool(reply.body.get("restored"))
         att.committed = att.restored

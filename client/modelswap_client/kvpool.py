@@ -103,8 +103,14 @@ class TieredKvPool:
 
     def _take_host(self, seq_id: str) -> Block:
         while not self._host_free:
-            victim = next((s for s in self._sequences if s != seq_id and any(
-                b.tier is Tier.HOST for b in self._sequences[s].blocks)), None)  # fmt: skip
+            victim = next(
+                (
+                    s
+                    for s in self._sequences
+                    if s != seq_id and any(b.tier is Tier.HOST for b in self._sequences[s].blocks)
+                ),
+                None,
+            )
             if victim is None:
                 raise KvPoolFull("host KV tier is full (hostBytes)")
             self._drop_host_blocks(victim)

@@ -38,12 +38,15 @@ def procs() -> Iterator[Procs]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def loaded(procs: Procs, agent: AgentProc, model: str, seed: int) -> tuple[ClientProc, dict[str, str]]:  # noqa: E501
+def loaded(
+    procs: Procs, agent: AgentProc, model: str, seed: int
+) -> tuple[ClientProc, dict[str, str]]:
     c = procs.client(agent, model)
     r = c.ok(cmd="attach", model=model, socket=agent.socket, regions=REGIONS)
     assert not r["restored"]
-    hashes = {t: c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"]
-              for i, (t, _, _) in enumerate(REGIONS)}  # fmt: skip
+    hashes = {
+        t: c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"] for i, (t, _, _) in enumerate(REGIONS)
+    }
     c.ok(cmd="commit")
     return c, hashes
 
@@ -114,7 +117,9 @@ def agent_state(agent: AgentProc, model: str = "m") -> str:
     return state
 
 
-def _client(procs: Procs, agent: AgentProc, model: str, seed: int) -> tuple[ClientProc, dict[str, str]]:  # noqa: E501
+def _client(
+    procs: Procs, agent: AgentProc, model: str, seed: int
+) -> tuple[ClientProc, dict[str, str]]:
     c, h = loaded(procs, agent, model, seed)
     return c, h
 
@@ -129,8 +134,9 @@ def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
         agent.ok(cmd="swap_out", model="b")
     elif when == "during_swap_out":
         assert cb.ok(cmd="hold")["held"]  # the swap-out of b drains forever
-        threading.Thread(target=agent.call, kwargs={"cmd": "swap_out", "model": "b"},
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=agent.call, kwargs={"cmd": "swap_out", "model": "b"}, daemon=True
+        ).start()
         wait_for(lambda: cb.ok(cmd="state")["state"] == "draining", what="draining")
     elif when == "during_swap_in":
         agent.ok(cmd="swap_out", model="b")
@@ -139,15 +145,23 @@ def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
         # kill the agent while b's swap-in (asked for by in_use) is under way
         t = threading.Thread(target=cb.call, kwargs={"cmd": "hash", "tag": "w"}, daemon=True)
         t.start()
-        wait_for(lambda: agent_state(agent, "b") != "SwappedOut" or not t.is_alive(),
-                 what="swap-in started")  # fmt: skip
+        wait_for(
+            lambda: agent_state(agent, "b") != "SwappedOut" or not t.is_alive(),
+            what="swap-in started",
+        )
     agent = restart(procs, agent, models)
     if when == "during_swap_out":
         cb.ok(cmd="release")
-    wait_for(lambda: all(s["state"] in ("Resident", "SwappedOut")
-                         for s in agent.status()["models"].values()), what="settled")  # fmt: skip
-    wait_for(lambda: sum(s["instances"] for s in agent.status()["models"].values()) == 2,
-             what="both clients reconnected")  # fmt: skip
+    wait_for(
+        lambda: all(
+            s["state"] in ("Resident", "SwappedOut") for s in agent.status()["models"].values()
+        ),
+        what="settled",
+    )
+    wait_for(
+        lambda: sum(s["instances"] for s in agent.status()["models"].values()) == 2,
+        what="both clients reconnected",
+    )
     if when == "during_swap_in":
         t.join(timeout=30)
     # readopted: resident models were not copied again; their bytes are intact
@@ -194,8 +208,10 @@ def test_agent_and_clients_killed_restore_from_host_store(procs: Procs) -> None:
     ca.kill9()
     cb.kill9()
     agent = procs.agent(["64M"], models, ["--grace", "0.5"])
-    wait_for(lambda: all(s["state"] == "SwappedOut" for s in agent.status()["models"].values()),
-             what="recovered")  # fmt: skip
+    wait_for(
+        lambda: all(s["state"] == "SwappedOut" for s in agent.status()["models"].values()),
+        what="recovered",
+    )
     assert_accounting(agent, [])
     for name, hashes, kv_kept in (("a", ha, False), ("b", hb, True)):
         c = procs.client(agent, name)

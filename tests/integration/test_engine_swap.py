@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 import shutil
-import threading
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,13 +39,21 @@ def procs() -> Iterator[Procs]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def load(c: ClientProc, agent: AgentProc, model: str, regions: list[list[object]],
-         seed: int, instance: str = "0") -> dict[str, str]:  # fmt: skip
+def load(  # noqa: PLR0917 - a test helper read positionally
+    c: ClientProc,
+    agent: AgentProc,
+    model: str,
+    regions: list[list[object]],
+    seed: int,
+    instance: str = "0",
+) -> dict[str, str]:
     """Attach, fill every region with seeded random bytes, commit; returns their sha256."""
     r = c.ok(cmd="attach", model=model, instance=instance, socket=agent.socket, regions=regions)
     assert r["restored"] is False
-    hashes = {str(t): c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"]
-              for i, (t, _, _) in enumerate(regions)}  # fmt: skip
+    hashes = {
+        str(t): c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"]
+        for i, (t, _, _) in enumerate(regions)
+    }
     c.ok(cmd="commit")
     return hashes
 
@@ -58,8 +66,9 @@ def test_swap_cycles_keep_bytes_exact_across_models_and_gpus(procs: Procs) -> No
     hashes: dict[str, dict[str, str]] = {}
     for i, name in enumerate(names):
         c = clients[name] = procs.client(agent, name)
-        hashes[name] = load(c, agent, name, [["w", 6 * MIB, "weights"], ["kv", 2 * MIB, "kv"]],
-                            seed=100 * i)  # fmt: skip
+        hashes[name] = load(
+            c, agent, name, [["w", 6 * MIB, "weights"], ["kv", 2 * MIB, "kv"]], seed=100 * i
+        )
     rng = random.Random(4)
     for _ in range(60):
         name = rng.choice(names)
@@ -86,8 +95,9 @@ def test_swap_cycles_keep_bytes_exact_across_models_and_gpus(procs: Procs) -> No
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_thousand_randomized_swap_cycles(procs: Procs) -> None:
-    agent = procs.agent(["12M", "12M"], ["a:0:preserve", "b:0:preserve", "c:1:preserve",
-                                         "d:1:preserve"])  # fmt: skip
+    agent = procs.agent(
+        ["12M", "12M"], ["a:0:preserve", "b:0:preserve", "c:1:preserve", "d:1:preserve"]
+    )
     names = ["a", "b", "c", "d"]
     clients = {n: procs.client(agent, n) for n in names}
     hashes = {
@@ -171,8 +181,9 @@ def test_client_naming_another_model_is_refused_and_gets_no_fd(procs: Procs) -> 
     owner = procs.client(agent, "a")
     load(owner, agent, "a", [["w", 4 * MIB, "weights"]], 1)
     intruder = procs.client(agent, "b")  # vouched for b only
-    r = intruder.call(cmd="attach", model="a", socket=agent.socket,
-                      regions=[["w", 4 * MIB, "weights"]])  # fmt: skip
+    r = intruder.call(
+        cmd="attach", model="a", socket=agent.socket, regions=[["w", 4 * MIB, "weights"]]
+    )
     assert r["ok"] is False and r["code"] == "NotVouched"
     assert memfd_mappings(intruder.pid) == []
     store = str(procs.workdir / "store")

@@ -87,9 +87,8 @@ def main() -> int:
             elif op == "hold":
                 hold_entered.clear()
                 hold_release.clear()
-                a = att
 
-                def holder() -> None:
+                def holder(a: Attachment = att) -> None:
                     with a.in_use():
                         hold_entered.set()
                         hold_release.wait()

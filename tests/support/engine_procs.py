@@ -36,9 +36,14 @@ class Proc:
     def __init__(self, args: list[str], name: str) -> None:
         self.name = name
         self.popen = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+            [sys.executable, *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
     @property
     def pid(self) -> int:
@@ -79,14 +84,23 @@ class ClientProc(Proc):
 
 
 class AgentProc(Proc):
-    def __init__(self, workdir: Path, gpu_bytes: list[str], models: list[str],
-                 extra: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, workdir: Path, gpu_bytes: list[str], models: list[str], extra: list[str] | None = None
+    ) -> None:
         self.socket = str(workdir / "agent.sock")
         self.control = str(workdir / "control.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.control)
-        args = ["-m", "tests.support.engine_agent", "--socket", self.socket,
-                "--control", self.control, "--store", str(workdir / "store")]  # fmt: skip
+        args = [
+            "-m",
+            "tests.support.engine_agent",
+            "--socket",
+            self.socket,
+            "--control",
+            self.control,
+            "--store",
+            str(workdir / "store"),
+        ]
         for g in gpu_bytes:
             args += ["--gpu-bytes", g]
         for m in models:
@@ -119,14 +133,14 @@ class AgentProc(Proc):
         return status
 
 
-
 class Procs:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.all: list[Proc] = []
 
-    def agent(self, gpu_bytes: list[str], models: list[str], extra: list[str] | None = None
-              ) -> AgentProc:  # fmt: skip
+    def agent(
+        self, gpu_bytes: list[str], models: list[str], extra: list[str] | None = None
+    ) -> AgentProc:
         a = AgentProc(self.workdir, gpu_bytes, models, extra)
         self.all.append(a)
         return a
@@ -155,8 +169,7 @@ def memfd_mappings(pid: int) -> list[tuple[int, int, str, int]]:
         for line in f:
             m = MAPS_LINE.match(line.strip())
             if m and m.group(5).startswith("/memfd:"):
-                out.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3),
-                            int(m.group(4))))  # fmt: skip
+                out.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3), int(m.group(4))))
     return out
 
 

@@ -33,8 +33,10 @@ def test_truncated_control_message_is_refused_and_leaks_nothing(
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     fds = [os.memfd_create(f"t{i}") for i in range(4)]
     try:
-        a.sendmsg([b'{"op":"map","id":1,"nfds":4}'],
-                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])  # fmt: skip
+        a.sendmsg(
+            [b'{"op":"map","id":1,"nfds":4}'],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+        )
         before = sorted(os.listdir("/proc/self/fd"))
         monkeypatch.setattr(wire, "MAX_FDS_PER_PACKET", 1)  # the receiver expects one fd
         with pytest.raises(ProtocolError, match="truncated"):

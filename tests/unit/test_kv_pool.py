@@ -11,9 +11,14 @@ BLOCK = 4096
 
 def pool(hbm_blocks: int = 8, host_blocks: int = 4, offload: int = 64) -> TieredKvPool:
     buf = ctypes.create_string_buffer(hbm_blocks * BLOCK)
-    p = TieredKvPool(ctypes.addressof(buf), hbm_blocks * BLOCK, block_bytes=BLOCK,
-                     tokens_per_block=16, offload_after_tokens=offload,
-                     host_bytes=host_blocks * BLOCK)  # fmt: skip
+    p = TieredKvPool(
+        ctypes.addressof(buf),
+        hbm_blocks * BLOCK,
+        block_bytes=BLOCK,
+        tokens_per_block=16,
+        offload_after_tokens=offload,
+        host_bytes=host_blocks * BLOCK,
+    )
     p._keep = buf  # type: ignore[attr-defined]  # the HBM stand-in lives as long as the pool
     return p
 

@@ -202,8 +202,12 @@ class CudaVmmMapper(Mapper):
             raise
         log.info(
             "cuda-vmm mapper on GPU %d (%s), bindings %s, %d streams, %d MiB copy chunks",
-            self.ordinal, self.uuid, self._b.version, streams, chunk_bytes // MIB,
-        )  # fmt: skip
+            self.ordinal,
+            self.uuid,
+            self._b.version,
+            streams,
+            chunk_bytes // MIB,
+        )
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -453,8 +457,9 @@ class CudaVmmMapper(Mapper):
                     registered = False
                     log.warning(
                         "GPU %d cannot register read-only host memory; copies from the "
-                        "weight copy will be pageable (slower)", self.ordinal,
-                    )  # fmt: skip
+                        "weight copy will be pageable (slower)",
+                        self.ordinal,
+                    )
                 else:
                     self._call("cuMemHostRegister", d.cuMemHostRegister(address, size_bytes, flags))
                 self._hosts[address] = _Host(buffer, registered)

@@ -116,13 +116,21 @@ class CudaVmmAllocator(Allocator):
             raise AllocatorError(f"probing GPUs failed: {e}") from e
         capable = []
         for gpu in visible:
-            if gpu.capabilities.cuda_vmm_ok:
+            if gpu.capabilities.cuda_vmm_ok and self._granularity_ok(gpu):
                 capable.append(gpu)
+            elif gpu.capabilities.cuda_vmm_ok:
+                log.warning(
+                    "GPU %d (%s): VMM granularity does not divide 2 MiB; not managed",
+                    gpu.ordinal,
+                    gpu.uuid,
+                )
             else:
                 log.warning(
                     "GPU %d (%s) lacks VMM or POSIX-fd handles (%s); not managed",
-                    gpu.ordinal, gpu.uuid, gpu.capabilities,
-                )  # fmt: skip
+                    gpu.ordinal,
+                    gpu.uuid,
+                    gpu.capabilities,
+                )
         try:
             self.gpus = gpu_devices.select(capable, list(gpus) if gpus is not None else None)
         except ValueError as e:
@@ -135,9 +143,13 @@ class CudaVmmAllocator(Allocator):
         self._by_ordinal = {g.ordinal: g for g in self.gpus}
         self._chunk_bytes = chunk_bytes
         self._max_chunk_bytes = max_chunk_bytes
-        self._numa_nodes = sorted(
-            {g.capabilities.host_numa_id for g in self.gpus if g.capabilities.host_numa_id >= 0}
-        ) if host_numa_cache else []  # fmt: skip
+        self._numa_nodes = (
+            sorted(
+                {g.capabilities.host_numa_id for g in self.gpus if g.capabilities.host_numa_id >= 0}
+            )
+            if host_numa_cache
+            else []
+        )
         self._oom_retries = max(0, oom_retries)
         self._oom_backoff = oom_backoff_seconds
         self._sleep = sleep
@@ -155,9 +167,30 @@ class CudaVmmAllocator(Allocator):
         for g in self.gpus:
             log.info(
                 "cuda-vmm: GPU %d %s %s (%s), %d MiB, %d copy engines, host NUMA %d",
-                g.ordinal, g.uuid, g.name, g.pci_bus_id, g.total_bytes // MIB,
-                g.capabilities.copy_engines, g.capabilities.host_numa_id,
-            )  # fmt: skip
+                g.ordinal,
+                g.uuid,
+                g.name,
+                g.pci_bus_id,
+                g.total_bytes // MIB,
+                g.capabilities.copy_engines,
+                g.capabilities.host_numa_id,
+            )
+
+    def _granularity_ok(self, gpu: gpu_devices.GpuInfo) -> bool:
+        d = self._b.driver
+        result = d.cuMemGetAllocationGranularity(
+            cc.allocation_prop(self._b, ordinal=gpu.ordinal),
+            d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+        if cc.code_of(result) != cc.CUDA_SUCCESS:
+            log.warning(
+                "GPU %d: cuMemGetAllocationGranularity failed: %s",
+                gpu.ordinal,
+                cc.error_name(self._b, result[0]),
+            )
+            return False
+        granularity = int(result[1])
+        return granularity > 0 and GRANULARITY_BYTES % granularity == 0
 
     # --- locations ------------------------------------------------------------------------
 
@@ -221,8 +254,11 @@ class CudaVmmAllocator(Allocator):
                 free = self.memory_info(location).free_bytes
                 log.warning(
                     "cuda-vmm: out of memory at %s: %d MiB requested, %d MiB free (after %d tries)",
-                    location, size_bytes // MIB, free // MIB, attempt + 1,
-                )  # fmt: skip
+                    location,
+                    size_bytes // MIB,
+                    free // MIB,
+                    attempt + 1,
+                )
                 raise OutOfDeviceMemory(
                     f"out of memory at {location}: {size_bytes} bytes requested, {free} free",
                     requested_bytes=size_bytes,

@@ -24,10 +24,11 @@ class BudgetView:
     @property
     def budget_bytes(self) -> int:
         return max(
-            self.total_bytes - self.reserve_bytes
+            self.total_bytes
+            - self.reserve_bytes
             - self.overhead_bytes_per_process * self.processes,
             0,
-        )  # fmt: skip
+        )
 
     @property
     def available_bytes(self) -> int:

@@ -156,10 +156,19 @@ class Engine:
         m = self.model(name)
         with self._mut:
             return ModelStatus(
-                m.name, m.config.gpu, m.state, PHASES[m.state].phase, m.epoch, m.chunk_bytes(),
-                len(m.live_instances()), m.swap_ins, m.swap_outs, m.last_swap_in_seconds,
-                m.kv_discarded, m.reason,
-            )  # fmt: skip
+                m.name,
+                m.config.gpu,
+                m.state,
+                PHASES[m.state].phase,
+                m.epoch,
+                m.chunk_bytes(),
+                len(m.live_instances()),
+                m.swap_ins,
+                m.swap_outs,
+                m.last_swap_in_seconds,
+                m.kv_discarded,
+                m.reason,
+            )
 
     def statuses(self) -> list[ModelStatus]:
         with self._mut:
@@ -278,8 +287,10 @@ class Engine:
                     self.persist()
             else:
                 raise WrongState(f"model {m.name} is {m.state}")
-        regions = [{"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
-                   for t, r in inst.regions.items()]  # fmt: skip
+        regions = [
+            {"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
+            for t, r in inst.regions.items()
+        ]
         body = {"restored": restored, "regions": regions, "state": str(m.state)}
         return reply_to(message, m.epoch, body)
 
@@ -296,14 +307,19 @@ class Engine:
                     rel = self.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "weights")
                     stagings.append((r, self.store.stage(m.config.gpu, rel, r.size_bytes)))
                 if stagings:
-                    body = {"regions": [
-                        {"tag": r.tag, "fd": n, "bytes": r.size_bytes}
-                        for n, (r, _) in enumerate(stagings)
-                    ]}  # fmt: skip
+                    body = {
+                        "regions": [
+                            {"tag": r.tag, "fd": n, "bytes": r.size_bytes}
+                            for n, (r, _) in enumerate(stagings)
+                        ]
+                    }
                     inst.peer.request(
-                        Op.SAVE, body, m.epoch, [st.fd for _, st in stagings],
+                        Op.SAVE,
+                        body,
+                        m.epoch,
+                        [st.fd for _, st in stagings],
                         timeout_seconds=self.settings.client_timeout_seconds,
-                    )  # fmt: skip
+                    )
             except BaseException:
                 for _, st in stagings:
                     self.store.abort(st)
@@ -341,8 +357,9 @@ class Engine:
                         self.store.delete(r.kv_file)
                         r.kv_file = None
             if not any(i.mapped for i in m.instances.values()) and m.state in (
-                S.RESIDENT, S.LOADING,
-            ):  # fmt: skip
+                S.RESIDENT,
+                S.LOADING,
+            ):
                 complete = bool(m.instances) and all(i.committed for i in m.instances.values())
                 m.state = S.SWAPPED_OUT if complete else S.LOADING
                 m.reason = f"instance {inst.name} (pid {inst.pid}) exited"
@@ -472,9 +489,16 @@ def error_code_of(e: BaseException) -> ErrorCode:
 
 def as_dict(status: ModelStatus) -> dict[str, Any]:
     return {
-        "name": status.name, "gpu": status.gpu, "state": str(status.state),
-        "phase": status.phase, "epoch": status.epoch, "resident_bytes": status.resident_bytes,
-        "instances": status.instances, "swap_ins": status.swap_ins,
-        "swap_outs": status.swap_outs, "last_swap_in_seconds": status.last_swap_in_seconds,
-        "kv_discarded": status.kv_discarded, "reason": status.reason,
-    }  # fmt: skip
+        "name": status.name,
+        "gpu": status.gpu,
+        "state": str(status.state),
+        "phase": status.phase,
+        "epoch": status.epoch,
+        "resident_bytes": status.resident_bytes,
+        "instances": status.instances,
+        "swap_ins": status.swap_ins,
+        "swap_outs": status.swap_outs,
+        "last_swap_in_seconds": status.last_swap_in_seconds,
+        "kv_discarded": status.kv_discarded,
+        "reason": status.reason,
+    }

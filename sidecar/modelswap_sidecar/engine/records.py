@@ -141,19 +141,25 @@ def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
     models: dict[str, ModelRecord] = {}
     for name, md in doc.get("models", {}).items():
         c = md["config"]
-        config = ModelConfig(name, int(c["gpu"]), KvMode(c["kv_mode"]), bool(c["pinned"]),
-                             int(c["priority"]))  # fmt: skip
+        config = ModelConfig(
+            name, int(c["gpu"]), KvMode(c["kv_mode"]), bool(c["pinned"]), int(c["priority"])
+        )
         m = ModelRecord(config, EngineState(md["state"]), int(md["epoch"]))
         m.swap_ins = int(md.get("swap_ins", 0))
         m.swap_outs = int(md.get("swap_outs", 0))
         for iname, idoc in md.get("instances", {}).items():
-            inst = InstanceRecord(iname, mapped=bool(idoc["mapped"]),
-                                  committed=bool(idoc["committed"]))  # fmt: skip
+            inst = InstanceRecord(
+                iname, mapped=bool(idoc["mapped"]), committed=bool(idoc["committed"])
+            )
             for rd in idoc["regions"]:
                 inst.regions[rd["tag"]] = RegionRecord(
-                    rd["tag"], int(rd["size_bytes"]), RegionKind(rd["kind"]), int(rd["address"]),
-                    weights_file=_stored(rd.get("weights_file")), kv_file=_stored(rd.get("kv_file")),
-                )  # fmt: skip
+                    rd["tag"],
+                    int(rd["size_bytes"]),
+                    RegionKind(rd["kind"]),
+                    int(rd["address"]),
+                    weights_file=_stored(rd.get("weights_file")),
+                    kv_file=_stored(rd.get("kv_file")),
+                )
             m.instances[iname] = inst
         models[name] = m
     return models

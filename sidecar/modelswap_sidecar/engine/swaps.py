@@ -56,10 +56,15 @@ def _wait_all(
 
 
 def _broadcast(
-    engine: Engine, m: ModelRecord, instances: list[InstanceRecord], op: Op,
+    engine: Engine,
+    m: ModelRecord,
+    instances: list[InstanceRecord],
+    op: Op,
+    *,
     bodies: dict[str, dict[str, Any]] | None = None,
-    fds: dict[str, list[int]] | None = None, timeout: float | None = None,
-) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:  # fmt: skip
+    fds: dict[str, list[int]] | None = None,
+    timeout: float | None = None,
+) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
     pending: list[tuple[InstanceRecord, PendingReply]] = []
     failed: list[tuple[InstanceRecord, str]] = []
     for inst in instances:
@@ -139,9 +144,10 @@ class Swapper:
         if need_bytes <= view.available_bytes:
             return
         candidates = [
-            v for v in e.models_on_gpu(m.config.gpu)
+            v
+            for v in e.models_on_gpu(m.config.gpu)
             if v is not m and v.state is S.RESIDENT and not v.config.pinned and v.chunk_bytes()
-        ]  # fmt: skip
+        ]
         candidates.sort(key=lambda v: (v.config.priority, v.last_used))
         short = need_bytes - view.available_bytes
         chosen: list[ModelRecord] = []
@@ -203,7 +209,7 @@ class Swapper:
                         {"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes}
                     )
                     lst.append(st.fd)
-                _ok, failed = _broadcast(e, m, live, Op.SAVE, bodies, fds)
+                _ok, failed = _broadcast(e, m, live, Op.SAVE, bodies=bodies, fds=fds)
                 self._drop_gone(m, failed)
                 if failed:
                     raise ClientFailed("; ".join(why for _, why in failed))
@@ -217,9 +223,13 @@ class Swapper:
         except BaseException as ex:
             for _r, st in stagings:
                 e.store.abort(st)
-            _broadcast(e, m, m.live_instances(), Op.RESUME, {
-                i.name: {"state": "resident"} for i in m.instances.values()
-            })  # fmt: skip
+            _broadcast(
+                e,
+                m,
+                m.live_instances(),
+                Op.RESUME,
+                bodies={i.name: {"state": "resident"} for i in m.instances.values()},
+            )
             e.set_state(m, S.RESIDENT, f"swap-out rolled back: {ex}")
             if isinstance(ex, ClientFailed | RemoteError | OSError):
                 raise ClientFailed(f"swap-out of {m.name} rolled back: {ex}") from ex
@@ -228,7 +238,7 @@ class Swapper:
             r.kind is RegionKind.KV for i in live for r in i.regions.values()
         )
         ok, failed = _broadcast(
-            e, m, live, Op.UNMAP, {i.name: {"kv_discarded": discarded} for i in live}
+            e, m, live, Op.UNMAP, bodies={i.name: {"kv_discarded": discarded} for i in live}
         )
         e.set_state(m, S.UNMAPPED)
         for inst in ok:
@@ -275,7 +285,7 @@ class Swapper:
 
     def bring_in(
         self, m: ModelRecord, instances: list[InstanceRecord], *, track_states: bool
-    ) -> dict[str, dict[str, Any]]:  # noqa: E501
+    ) -> dict[str, dict[str, Any]]:
         """Allocate, map and restore `instances`; returns each instance's restore reply body."""
         e = self.engine
         need = sum(r.size_bytes for i in instances for r in i.regions.values())
@@ -300,7 +310,7 @@ class Swapper:
                     regions_doc.append({"tag": r.tag, "chunks": chunk_docs})
                 bodies[inst.name] = {"regions": regions_doc}
             try:
-                ok, failed = _broadcast(e, m, instances, Op.MAP, bodies, fds)
+                ok, failed = _broadcast(e, m, instances, Op.MAP, bodies=bodies, fds=fds)
             finally:
                 for lst in fds.values():
                     for fd in lst:
@@ -320,7 +330,9 @@ class Swapper:
             for lst2 in made.values():
                 self.release_chunks(m, lst2)
             if mapped:
-                _broadcast(e, m, mapped, Op.UNMAP, {i.name: {"rollback": True} for i in mapped})
+                _broadcast(
+                    e, m, mapped, Op.UNMAP, bodies={i.name: {"rollback": True} for i in mapped}
+                )
                 for inst in mapped:
                     self.release_instance(m, inst)
             raise
@@ -333,7 +345,7 @@ class Swapper:
 
     def _restore(
         self, m: ModelRecord, instances: list[InstanceRecord]
-    ) -> dict[str, dict[str, Any]]:  # noqa: E501
+    ) -> dict[str, dict[str, Any]]:
         e = self.engine
         bodies: dict[str, dict[str, Any]] = {}
         fds: dict[str, list[int]] = {}
@@ -344,8 +356,11 @@ class Swapper:
                 source = None
                 if r.kind is RegionKind.WEIGHTS and r.weights_file is not None:
                     source = r.weights_file
-                elif (r.kind is RegionKind.KV and r.kv_file is not None
-                      and m.config.kv_mode is KvMode.PRESERVE):  # fmt: skip
+                elif (
+                    r.kind is RegionKind.KV
+                    and r.kv_file is not None
+                    and m.config.kv_mode is KvMode.PRESERVE
+                ):
                     source = r.kv_file
                 if source is None:
                     docs.append({"tag": r.tag, "fresh": True})
@@ -359,8 +374,14 @@ class Swapper:
             for inst in instances:
                 if inst.peer is None:
                     raise ClientFailed(f"instance {inst.name} is gone")
-                pending.append((inst, inst.peer.request_start(
-                    Op.RESTORE, bodies[inst.name], m.epoch, fds[inst.name])))  # fmt: skip
+                pending.append(
+                    (
+                        inst,
+                        inst.peer.request_start(
+                            Op.RESTORE, bodies[inst.name], m.epoch, fds[inst.name]
+                        ),
+                    )
+                )
         except ConnectionLost as ex:
             raise ClientFailed(str(ex)) from ex
         finally:

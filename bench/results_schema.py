@@ -1,0 +1,108 @@
+"""The result-file schema every modelswap benchmark writes (version 1).
+
+    bench/results/<machine-class>/<bench>.json
+    {
+      "schema": "modelswap.bench/v1",
+      "bench": "swap",
+      "command": "make bench-swap",
+      "machine_class": "amd-epyc-2cpu-nogpu",
+      "machine": {"cpu_model": ..., "cpus": 2, "memory_bytes": ..., "gpu": "none"},
+      "git_commit": "...", "recorded_at": "2025-01-01T00:00:00Z",
+      "backend": "sim", "scaled": false,
+      "notes": ["definitions of ceilings and baselines", ...],
+      "results": [
+        {"name": "swap_in", "params": {"model_bytes": ...}, "unit": "seconds",
+         "samples": [...], "median": ..., "metrics": {"throughput_bytes_per_second": ...,
+         "ratio_to_ceiling": ..., "ratio_to_sync_baseline": ...}}
+      ]
+    }
+
+The machine class names the hardware (CPU model, CPU count, GPU), never the host name, so
+runs on equal machines land in the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "modelswap.bench/v1"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu_model": cpu,
+        "cpus": os.cpu_count() or 1,
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "gpu": "none",
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def machine_class(m: dict[str, Any]) -> str:
+    cpu = re.sub(r"[^a-z0-9]+", "-", str(m["cpu_model"]).lower()).strip("-")
+    gpu = re.sub(r"[^a-z0-9]+", "-", str(m["gpu"]).lower()).strip("-")
+    return f"{cpu}-{m['cpus']}cpu-{'nogpu' if gpu == 'none' else gpu}"
+
+
+def result(
+    name: str, params: dict[str, Any], samples: list[float], unit: str = "seconds", **metrics: float
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "params": params,
+        "unit": unit,
+        "samples": samples,
+        "median": statistics.median(samples),
+        "metrics": metrics,
+    }
+
+
+def write(
+    bench: str,
+    command: str,
+    results: list[dict[str, Any]],
+    notes: list[str],
+    *,
+    backend: str,
+    scaled: bool,
+) -> Path:
+    m = machine()
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    doc = {
+        "schema": SCHEMA,
+        "bench": bench,
+        "command": command,
+        "machine_class": machine_class(m),
+        "machine": m,
+        "git_commit": commit,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "backend": backend,
+        "scaled": scaled,
+        "notes": notes,
+        "results": results,
+    }
+    path = RESULTS / doc["machine_class"] / f"{bench}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
