@@ -203,13 +203,13 @@ class FakeCuda:
     def open_export_fds(self, alloc: Allocation) -> list[int]:
         """Fds open in this process that refer to `alloc` (memfds named after it)."""
         found = []
-        tag = f"memfd:fake-cuda-{alloc.alloc_id} "
+        tag = f"/memfd:fake-cuda-{alloc.alloc_id}"
         for name in os.listdir("/proc/self/fd"):
             try:
                 target = os.readlink(f"/proc/self/fd/{name}")
             except OSError:
                 continue
-            if target.startswith(tag) or target == tag.strip():
+            if target in (tag, f"{tag} (deleted)"):
                 found.append(int(name))
         return found
 
