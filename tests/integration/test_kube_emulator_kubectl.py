@@ -150,3 +150,23 @@ def test_apply_of_each_invalid_file_fails_naming_its_field(
         name = re.search(r"^  name: (\S+)", path.read_text(), re.MULTILINE)
         assert name is not None
         assert f'The ModelDeployment "{name.group(1)}" is invalid' in result.stderr
+
+
+def test_imperative_creates_sent_as_protobuf_work(api: EmulatorThread) -> None:
+    kubectl = Kubectl(api.kubeconfig_path, api.home)
+    kubectl.run("create", "namespace", "models", check=True)
+    kubectl.run("create", "configmap", "c", "-n", "models", "--from-literal=a=b", check=True)
+    kubectl.run(
+        "create", "secret", "generic", "s", "-n", "models", "--from-literal=t=xyz", check=True
+    )
+    kubectl.run("create", "serviceaccount", "bot", "-n", "models", check=True)
+    secret = kubectl.run(
+        "get", "secret", "s", "-n", "models", "-o", "jsonpath={.type} {.data.t}", check=True
+    )
+    assert secret.stdout == "Opaque eHl6"
+    assert (
+        kubectl.run("get", "cm", "c", "-n", "models", "-o", "jsonpath={.data.a}", check=True).stdout
+        == "b"
+    )
+    kubectl.run("delete", "namespace", "models", check=True)
+    assert "No resources found" in kubectl.run("get", "cm,secret,sa", "-n", "models").stderr

@@ -10,7 +10,7 @@ import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.support.kube_emulator import discovery, listing, openapi, tables, watching
+from tests.support.kube_emulator import discovery, listing, openapi, protobuf, tables, watching
 from tests.support.kube_emulator.admission import parse_field_validation
 from tests.support.kube_emulator.errors import ApiError, bad_request, method_not_allowed
 from tests.support.kube_emulator.operations import Cluster, Written
@@ -239,6 +239,8 @@ def _dry_run(request: web.Request) -> bool:
 
 def _decode(raw: bytes, content_type: str) -> Any:
     kind = content_type.split(";", maxsplit=1)[0].strip()
+    if kind == protobuf.MEDIA_TYPE:
+        return protobuf.decode(raw)
     if kind not in _JSON_TYPES:
         raise ApiError(
             415,

@@ -83,6 +83,7 @@ def _builtin(
     status: bool = False,
     status_on_create: bool = False,
     merge_keys: dict[str, str] | None = None,
+    categories: tuple[str, ...] = (),
 ) -> ResourceType:
     return ResourceType(
         group=group,
@@ -92,6 +93,7 @@ def _builtin(
         kind=kind,
         namespaced=namespaced,
         short_names=short_names,
+        categories=categories,
         subresources=frozenset({"status"}) if status else frozenset(),
         status_on_create=status_on_create,
         merge_keys={"ownerReferences": "uid", **(merge_keys or {})},
@@ -116,7 +118,7 @@ def builtin_types() -> list[ResourceType]:
         _builtin("", "v1", "nodes", "Node", namespaced=False, short_names=("no",), status=True,
                  status_on_create=True, merge_keys={"conditions": "type", "addresses": "type",
                                                     "taints": "key"}),
-        _builtin("", "v1", "pods", "Pod", namespaced=True, short_names=("po",), status=True,
+        _builtin("", "v1", "pods", "Pod", namespaced=True, short_names=("po",), status=True, categories=("all",),
                  merge_keys=_POD_MERGE_KEYS),
         _builtin("", "v1", "events", "Event", namespaced=True, short_names=("ev",)),
         _builtin("", "v1", "secrets", "Secret", namespaced=True),
@@ -124,7 +126,7 @@ def builtin_types() -> list[ResourceType]:
         _builtin("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True,
                  short_names=("sa",)),
         _builtin("", "v1", "services", "Service", namespaced=True, short_names=("svc",),
-                 status=True, merge_keys={"ports": "port"}),
+                 status=True, categories=("all",), merge_keys={"ports": "port"}),
         _builtin("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
         _builtin("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", namespaced=True),
         crd,
