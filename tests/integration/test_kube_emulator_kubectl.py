@@ -3,7 +3,12 @@ against a cluster, including client-side apply with server-side field validation
 
 from __future__ import annotations
 
+import os
+import queue
 import re
+import signal
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from tests.support.kube_emulator.hosting import EmulatorThread
-from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client
+from tests.support.kube_testing import KUBECTL, REPO_ROOT, Kubectl, api_client, wait_for
 
 INVALID = sorted((REPO_ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
@@ -170,3 +175,28 @@ def test_imperative_creates_sent_as_protobuf_work(api: EmulatorThread) -> None:
     )
     kubectl.run("delete", "namespace", "models", check=True)
     assert "No resources found" in kubectl.run("get", "cm,secret,sa", "-n", "models").stderr
+
+
+def test_get_watch_prints_rows_as_objects_change(api: EmulatorThread, kubectl: Kubectl) -> None:
+    watcher = subprocess.Popen(
+        [str(KUBECTL), f"--cache-dir={kubectl.cache_dir}", "get", "md", "--watch"],
+        env=kubectl.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout or ()])
+    reader.start()
+    try:
+        store = api.emulator.cluster.store  # type: ignore[union-attr]
+        key = ("modelswap.io", "modeldeployments")
+        wait_for(lambda: api.call(lambda: store.watcher_count(key)), what="kubectl's watch")
+        kubectl.run("apply", "-f", str(CLASSIFY), check=True)
+        assert lines.get(timeout=10).split()[:3] == ["NAME", "MODEL", "NODE"]
+        assert lines.get(timeout=10).split()[:2] == ["classify", "classify"]
+    finally:
+        os.killpg(watcher.pid, signal.SIGKILL)
+        watcher.wait(10)
+        reader.join(10)
+        for stream in (watcher.stdout, watcher.stderr):
+            if stream is not None:
+                stream.close()

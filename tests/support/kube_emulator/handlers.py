@@ -128,6 +128,7 @@ class Handlers:
                 return await watching.stream(
                     request, self.cluster, rt, path.namespace, predicate,
                     bookmark_interval_s=self.bookmark_interval_s,
+                    as_table=tables.accepts_table(request.headers.get("Accept", "")),
                 )  # fmt: skip
             return self._list(request, rt, path, predicate)
         if request.method == "POST":

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.kube_emulator import tables
 from tests.support.kube_emulator.errors import ApiError, gone
 from tests.support.kube_emulator.operations import Cluster
 from tests.support.kube_emulator.resources import ResourceType
@@ -48,7 +49,25 @@ async def stream(
     predicate: Predicate,
     *,
     bookmark_interval_s: float,
+    as_table: bool = False,
 ) -> web.StreamResponse:
+    """Serve one watch. With `as_table` (kubectl get -w) each object is a one-row Table, with
+    the column definitions in the first event only, as the real server sends them."""
+    headers_sent = False
+
+    def render(obj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal headers_sent
+        if not as_table:
+            return obj
+        include = request.query.get("includeObject", "Metadata")
+        rendered = tables.table(
+            rt, [obj], resource_version=obj["metadata"]["resourceVersion"], include_object=include
+        )
+        if headers_sent:
+            rendered["columnDefinitions"] = []
+        headers_sent = True
+        return rendered
+
     query = request.query
     rv = query.get("resourceVersion", "")
     send_initial = query.get("sendInitialEvents") == "true"
@@ -78,7 +97,7 @@ async def stream(
     try:
         await response.prepare(request)
         for obj in initial:
-            await response.write(_line("ADDED", obj))
+            await response.write(_line("ADDED", render(obj)))
         if send_initial:
             await response.write(_line("BOOKMARK", _bookmark(rt, cluster, initial_end=True)))
         deadline = time.monotonic() + timeout_s
@@ -94,7 +113,8 @@ async def stream(
                 break
             seen_as = _translate(event, predicate)
             if seen_as is not None:
-                await response.write(_line(seen_as, cluster.as_version(rt, dict(event.object))))
+                obj = cluster.as_version(rt, dict(event.object))
+                await response.write(_line(seen_as, render(obj)))
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away
