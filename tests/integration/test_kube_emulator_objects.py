@@ -20,9 +20,7 @@ G, V, P = "example.com", "v1", "widgets"
 @pytest.fixture
 def kube() -> Iterator[client.ApiClient]:
     with EmulatorThread() as api, api_client(api.kubeconfig_path) as kube:
-        client.ApiextensionsV1Api(kube).create_custom_resource_definition(
-            load_yaml(EMULATOR_DATA / "widgets-crd.yaml")
-        )
+        api.create(load_yaml(EMULATOR_DATA / "widgets-crd.yaml"))  # seeded directly
         yield kube
 
 

@@ -24,7 +24,10 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def api_client(kubeconfig_path: Path) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(kubeconfig_path))
+    made: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig_path)
+    )
+    return made
 
 
 def wait_for(condition: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:

@@ -53,9 +53,10 @@ def _common(rt: ResourceType, obj: dict[str, Any]) -> None:
             names.setdefault("listKind", f"{names['kind']}List")
     elif rt.key == ("", "secrets"):
         string_data = obj.pop("stringData", None) or {}
-        data = obj.setdefault("data", {}) if string_data else obj.get("data")
-        for key, value in string_data.items():
-            data[key] = base64.b64encode(str(value).encode()).decode()
+        if string_data:
+            data = obj.setdefault("data", {})
+            for key, value in string_data.items():
+                data[key] = base64.b64encode(str(value).encode()).decode()
         obj.setdefault("type", "Opaque")
     elif rt.key == ("", "services"):
         spec = obj.setdefault("spec", {})

@@ -141,7 +141,7 @@ class Handlers:
         if request.method == "DELETE":
             predicate = self._predicate(request, rt)
             deleted = []
-            for obj in self.cluster.list(rt, path.namespace, predicate):
+            for obj in self.cluster.select(rt, path.namespace, predicate):
                 meta = obj["metadata"]
                 deleted.append(
                     self.cluster.delete(
@@ -156,7 +156,7 @@ class Handlers:
         self, request: web.Request, rt: ResourceType, path: ResourcePath, predicate: Any
     ) -> web.Response:
         rv = str(self.cluster.store.rv)
-        items = self.cluster.list(rt, path.namespace, predicate)
+        items = self.cluster.select(rt, path.namespace, predicate)
         items, token, remaining = listing.page(
             items, rv, request.query.get("limit"), request.query.get("continue")
         )

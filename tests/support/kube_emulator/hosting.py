@@ -86,6 +86,20 @@ class EmulatorThread:
         self._loop.call_soon_threadsafe(run)
         return future.result(timeout=10)
 
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create one object (any served kind) directly, for seeding a test's cluster."""
+        assert self.emulator is not None
+        cluster = self.emulator.cluster
+
+        def run() -> dict[str, Any]:
+            rt = cluster.types.by_kind(obj["apiVersion"], obj["kind"])
+            if rt is None:
+                raise LookupError(f"no served kind {obj['kind']} in {obj['apiVersion']}")
+            namespace = obj["metadata"].get("namespace", "default") if rt.namespaced else None
+            return cluster.create(rt, namespace, obj).object
+
+        return self.call(run)
+
     @property
     def url(self) -> str:
         assert self.emulator is not None

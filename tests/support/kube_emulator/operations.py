@@ -71,7 +71,7 @@ class Cluster:
             raise not_found(rt.group, rt.plural, name)
         return self.as_version(rt, obj)
 
-    def list(
+    def select(
         self, rt: ResourceType, namespace: str | None, predicate: Predicate
     ) -> list[dict[str, Any]]:
         return [

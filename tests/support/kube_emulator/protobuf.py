@@ -131,7 +131,7 @@ def decode(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, "protobuf body without the k8s envelope")
     try:
         unknown = dict(_fields(raw[len(_MAGIC) :]))
-        type_meta = dict(_fields(bytes(unknown.get(1, b""))))  # type: ignore[arg-type]
+        type_meta = dict(_fields(bytes(unknown.get(1, b""))))
         api_version = _scalar("string", type_meta.get(1, b""))
         kind = _scalar("string", type_meta.get(2, b""))
         schema = SCHEMAS.get((api_version, kind))
@@ -141,7 +141,7 @@ def decode(raw: bytes) -> dict[str, Any]:
                 f"the emulator cannot decode protobuf {api_version} {kind}; send JSON",
                 reason="UnsupportedMediaType",
             )
-        obj = _message(schema, bytes(unknown.get(2, b"")))  # type: ignore[arg-type]
+        obj = _message(schema, bytes(unknown.get(2, b"")))
     except (IndexError, ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"error decoding protobuf body: {e}") from e
     return {"apiVersion": api_version, "kind": kind, **obj}

@@ -79,7 +79,7 @@ async def stream(
     initial: list[dict[str, Any]] = []
     since: int | None = None
     if rv in ("", "0") or send_initial:
-        initial = cluster.list(rt, namespace, predicate)
+        initial = cluster.select(rt, namespace, predicate)
     else:
         try:
             since = int(rv)
