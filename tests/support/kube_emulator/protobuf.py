@@ -1,6 +1,6 @@
 """Decoding of the Kubernetes protobuf envelope for the few built-in types kubectl's typed
-`create` commands send as protobuf (`kubectl create namespace|configmap|secret|
-serviceaccount`). Answers stay JSON (client-go reads the response's content type).
+`create` commands and helm's release storage send as protobuf (`kubectl create
+namespace|configmap|secret|serviceaccount`, Secrets and DeleteOptions). Answers stay JSON (client-go reads the response's content type).
 
 Wire format: `k8s\\x00` + runtime.Unknown{1: TypeMeta{1: apiVersion, 2: kind}, 2: raw};
 `raw` is the object's message (field numbers from k8s.io/api generated.proto).
@@ -37,7 +37,16 @@ _OBJECT_REFERENCE: Schema = {
     1: ("kind", "string", False), 2: ("namespace", "string", False), 3: ("name", "string", False),
     4: ("uid", "string", False), 5: ("apiVersion", "string", False),
 }  # fmt: skip
+_DELETE_OPTIONS: Schema = {
+    1: ("gracePeriodSeconds", "int", False),
+    2: ("preconditions", {1: ("uid", "string", False), 2: ("resourceVersion", "string", False)},
+        False),
+    3: ("orphanDependents", "bool", False), 4: ("propagationPolicy", "string", False),
+    5: ("dryRun", "string", True),
+}  # fmt: skip
 SCHEMAS: dict[tuple[str, str], Schema] = {
+    ("v1", "DeleteOptions"): _DELETE_OPTIONS,
+    ("meta.k8s.io/v1", "DeleteOptions"): _DELETE_OPTIONS,
     ("v1", "Namespace"): {
         1: ("metadata", _OBJECT_META, False),
         2: ("spec", {1: ("finalizers", "string", True)}, False),

@@ -84,6 +84,7 @@ def _builtin(
     status_on_create: bool = False,
     merge_keys: dict[str, str] | None = None,
     categories: tuple[str, ...] = (),
+    generation: bool = False,
 ) -> ResourceType:
     return ResourceType(
         group=group,
@@ -96,30 +97,28 @@ def _builtin(
         categories=categories,
         subresources=frozenset({"status"}) if status else frozenset(),
         status_on_create=status_on_create,
+        has_generation=generation,
         merge_keys={"ownerReferences": "uid", **(merge_keys or {})},
     )
 
 
+def _workload(plural: str, kind: str, short_name: str) -> ResourceType:
+    return _builtin(
+        "apps", "v1", plural, kind, namespaced=True, short_names=(short_name,), status=True,
+        categories=("all",), merge_keys=_POD_MERGE_KEYS, generation=True,
+    )  # fmt: skip
+
+
 def builtin_types() -> list[ResourceType]:
-    """Core and built-in group resources the operator and users touch."""
-    crd = _builtin(
-        "apiextensions.k8s.io",
-        "v1",
-        "customresourcedefinitions",
-        "CustomResourceDefinition",
-        namespaced=False,
-        short_names=("crd", "crds"),
-        status=True,
-    )
-    crd.has_generation = True
-    return [
+    """Core and built-in group resources the operator, its chart and users touch."""
+    node_keys = {"conditions": "type", "addresses": "type", "taints": "key"}
+    types = [
         _builtin("", "v1", "namespaces", "Namespace", namespaced=False, short_names=("ns",),
                  status=True),
         _builtin("", "v1", "nodes", "Node", namespaced=False, short_names=("no",), status=True,
-                 status_on_create=True, merge_keys={"conditions": "type", "addresses": "type",
-                                                    "taints": "key"}),
-        _builtin("", "v1", "pods", "Pod", namespaced=True, short_names=("po",), status=True, categories=("all",),
-                 merge_keys=_POD_MERGE_KEYS),
+                 status_on_create=True, merge_keys=node_keys),
+        _builtin("", "v1", "pods", "Pod", namespaced=True, short_names=("po",), status=True,
+                 categories=("all",), merge_keys=_POD_MERGE_KEYS),
         _builtin("", "v1", "events", "Event", namespaced=True, short_names=("ev",)),
         _builtin("", "v1", "secrets", "Secret", namespaced=True),
         _builtin("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
@@ -127,10 +126,33 @@ def builtin_types() -> list[ResourceType]:
                  short_names=("sa",)),
         _builtin("", "v1", "services", "Service", namespaced=True, short_names=("svc",),
                  status=True, categories=("all",), merge_keys={"ports": "port"}),
+        _builtin("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", namespaced=True,
+                 short_names=("pvc",), status=True),
+        _workload("deployments", "Deployment", "deploy"),
+        _workload("daemonsets", "DaemonSet", "ds"),
+        _workload("statefulsets", "StatefulSet", "sts"),
         _builtin("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
         _builtin("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", namespaced=True),
-        crd,
+        _builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
+                 short_names=("pdb",), status=True),
+        _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy",
+                 namespaced=True, short_names=("netpol",)),
+        _builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True),
+        _builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding",
+                 namespaced=True),
+        _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole",
+                 namespaced=False),
+        _builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                 namespaced=False),
+        _builtin("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                 "ValidatingAdmissionPolicy", namespaced=False, status=True, generation=True),
+        _builtin("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", namespaced=False, generation=True),
+        _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+                 "CustomResourceDefinition", namespaced=False, short_names=("crd", "crds"),
+                 status=True, generation=True),
     ]  # fmt: skip
+    return types
 
 
 def from_crd(crd: dict[str, Any]) -> list[ResourceType]:
