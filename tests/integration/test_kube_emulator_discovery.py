@@ -50,7 +50,7 @@ def test_subprocess_starts_well_under_a_second_and_is_gone_after() -> None:
     assert not _process_alive(pid)
 
 
-def test_in_thread_start_is_fast_and_serves_version(api: EmulatorThread) -> None:
+def test_in_thread_start_is_fast_and_serves_version() -> None:
     began = time.monotonic()
     with EmulatorThread() as other:
         ready_s = time.monotonic() - began
