@@ -1,0 +1,260 @@
+"""Wire types of the agent control API (operator → agent, `/v1`; DESIGN.md §3).
+
+The operator sends a node's **full desired set** keyed by UID with a revision
+`(term, counter)`; the agent answers per entry `applied | deferred | stale | conflict` with
+a reason. JSON on the wire is camelCase (`codec`); `docs/control-api.openapi.yaml`
+describes the same shapes and a test keeps the two in step.
+
+`parse_desired_set` turns a request body into a `DesiredSet`, checking what the types
+cannot say (bounds, unique UIDs, each entry's spec against the ModelDeployment CRD schema
+and its CEL rules); every failure names the field (`entries[2].spec.model.weightsBytes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from modelswap_api import codec
+from modelswap_api import field_errors as fe
+from modelswap_api.defaults import spec_schema
+from modelswap_api.errors import ModelError, ResourceError
+from modelswap_api.field_errors import FieldError, join_path
+from modelswap_api.models import GpuStatus, ModelDeploymentSpec, Phase
+from modelswap_api.validation import SchemaValidator
+
+Outcome = Literal["applied", "deferred", "stale", "conflict"]
+ActionOutcome = Literal["completed", "unchanged", "refused"]
+
+#: Kubernetes UIDs are UUIDs; anything URL- and file-name-safe of bounded length is taken.
+UID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_UID_RE = re.compile(UID_PATTERN)
+MAX_ENTRIES = 4096
+
+
+class _Wire:
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return codec.from_dict(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.to_dict(self)
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Revision(_Wire):
+    """Leader term (the leader Lease's `leaseTransitions`) and a counter within the term."""
+
+    term: int
+    counter: int
+
+    def __str__(self) -> str:
+        return f"{self.term}/{self.counter}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceCredentials(_Wire):
+    """Credentials for an http(s) source, resolved by the operator from the Secret.
+
+    Secret values are left out of `repr` so a logged entry never carries them.
+    """
+
+    bearer_token: str | None = field(default=None, repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    headers: Mapping[str, str] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesiredEntry(_Wire):
+    """One model the node should host: identity, generation and its effective spec."""
+
+    uid: str
+    namespace: str
+    name: str
+    generation: int
+    spec: ModelDeploymentSpec
+    credentials: SourceCredentials | None = None
+    #: UUID of the GPU the operator placed the model on; unset: the agent chooses.
+    gpu: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesiredSet(_Wire):
+    """Body of `PUT /v1/desired`: the node's full set and the revision it was sent under."""
+
+    revision: Revision
+    entries: tuple[DesiredEntry, ...]
+    #: When set, an agent of another node refuses the set (409).
+    node_name: str | None = None
+
+    @property
+    def uids(self) -> frozenset[str]:
+        return frozenset(entry.uid for entry in self.entries)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryResult(_Wire):
+    """What the agent made of one entry; `reason` is CamelCase, `message` for people."""
+
+    uid: str
+    outcome: Outcome
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingUnload(_Wire):
+    """A model missing from the set, unloaded once its grace period ends."""
+
+    uid: str
+    unload_in_seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesiredSetResult(_Wire):
+    """Answer to `PUT /v1/desired`: the highest revision seen and a result per entry."""
+
+    revision: Revision
+    results: tuple[EntryResult, ...]
+    pending_unloads: tuple[PendingUnload, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo(_Wire):
+    """`GET /v1/models/{uid}`: one model as the agent holds it."""
+
+    uid: str
+    namespace: str
+    name: str
+    state: str  # engine state (modelswap_sidecar.engine.states.EngineState)
+    phase: Phase
+    generation: int | None = None
+    desired: bool = True
+    gpu: str | None = None
+    resident_bytes: int = 0
+    host_bytes: int = 0
+    last_request_time: str | None = None  # RFC 3339
+    swap_ins: int = 0
+    swap_outs: int = 0
+    last_swap_in_seconds: float | None = None
+    message: str | None = None
+    unload_in_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelList(_Wire):
+    models: tuple[ModelInfo, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeInfo(_Wire):
+    """`GET /v1/node`: capacity and the agent's view of its own standing."""
+
+    node_name: str
+    agent_version: str
+    gpus: tuple[GpuStatus, ...] = ()
+    revision: Revision | None = None
+    #: Lease renewals and operator pushes have both failed for the grace period:
+    #: resident models keep serving, nothing new is loaded.
+    fenced: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionResult(_Wire):
+    """Answer to a manual swap-in or swap-out, or a delete."""
+
+    uid: str
+    outcome: ActionOutcome
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cause(_Wire):
+    field: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorBody(_Wire):
+    """Body of every 4xx/5xx answer; `field` names the offending field of a 400."""
+
+    reason: str
+    message: str
+    field: str | None = None
+    causes: tuple[Cause, ...] | None = None
+
+
+def parse_desired_set(data: Any) -> DesiredSet:
+    """A checked `DesiredSet` from a decoded JSON body.
+
+    ModelError (one field) or ResourceError (every problem of one entry's spec), each
+    naming the field path from the body's root.
+    """
+    if not isinstance(data, Mapping):
+        raise ModelError("", f"expected an object, got {type(data).__name__}")
+    entries = data.get("entries")
+    if isinstance(entries, list):
+        if len(entries) > MAX_ENTRIES:
+            raise ModelError("entries", f"at most {MAX_ENTRIES} entries, got {len(entries)}")
+        for index, entry in enumerate(entries):
+            if isinstance(entry, Mapping) and "spec" in entry:
+                _check_spec(entry["spec"], f"entries[{index}].spec")
+    desired = DesiredSet.from_dict(data)
+    _check_revision(desired.revision, "revision")
+    seen: set[str] = set()
+    for index, entry in enumerate(desired.entries):
+        path = f"entries[{index}]"
+        _check_entry(entry, path)
+        if entry.uid in seen:
+            raise ModelError(join_path(path, "uid"), f"duplicate uid {entry.uid!r}")
+        seen.add(entry.uid)
+    return desired
+
+
+def check_uid(uid: str, path: str = "uid") -> None:
+    if _UID_RE.match(uid) is None:
+        raise ModelError(path, f"{uid!r} does not match {UID_PATTERN}")
+
+
+def _check_revision(revision: Revision, path: str) -> None:
+    for name in ("term", "counter"):
+        if getattr(revision, name) < 0:
+            raise ModelError(join_path(path, name), "must be 0 or more")
+
+
+def _check_entry(entry: DesiredEntry, path: str) -> None:
+    check_uid(entry.uid, join_path(path, "uid"))
+    for name in ("namespace", "name"):
+        if not getattr(entry, name):
+            raise ModelError(join_path(path, name), "must not be empty")
+    if entry.generation < 1:
+        raise ModelError(join_path(path, "generation"), "must be 1 or more")
+
+
+@functools.cache
+def _spec_validator() -> SchemaValidator:
+    return SchemaValidator(spec_schema(), kind="ModelDeploymentSpec")
+
+
+def _check_spec(spec: Any, path: str) -> None:
+    """The spec as the API server would check it (schema and CEL rules), unknown fields
+    refused; paths are prefixed with `path`."""
+    if not isinstance(spec, Mapping):
+        raise ModelError(path, f"expected an object, got {type(spec).__name__}")
+    result = _spec_validator().validate(spec)
+    errors = [
+        FieldError(join_path(path, e.path) if e.path else path, e.reason, e.message)
+        for e in result.errors
+    ]
+    errors += [
+        FieldError(join_path(path, unknown), fe.UNKNOWN, f'unknown field "{unknown}"')
+        for unknown in result.unknown_fields
+    ]
+    if errors:
+        raise ResourceError(sorted(errors), "invalid desired entry")
