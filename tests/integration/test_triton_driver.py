@@ -124,6 +124,7 @@ async def test_load_failures_name_the_cause(tmp_path: Path) -> None:
         with pytest.raises(ModelLoadFailed, match="weights are missing on purpose"):
             await triton.driver.load(uid, copy_model(tmp_path, "broken"), params)
         assert not await triton.driver.model_ready(uid)
+        assert triton.driver.repository.names() == []
 
         no_config = copy_model(tmp_path)
         (no_config / "config.pbtxt").unlink()

@@ -15,6 +15,7 @@ statistics of a model Triton does not serve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -181,6 +182,10 @@ class TritonDriver:
                 self.load_timeout_seconds,
             )
         except InferenceServerException as e:
+            # A failed reload leaves the previous version serving: keep its link then.
+            with contextlib.suppress(TritonError, InferenceServerException):
+                if not await self.model_ready(uid):
+                    self.repository.unlink(name)
             raise ModelLoadFailed(
                 f"Triton refused to load {name} from {model_dir}: {e.message()}"
             ) from e

@@ -232,7 +232,8 @@ class TritonProcess:
     async def wait_ready(self, timeout_seconds: float) -> None:
         deadline = time.monotonic() + timeout_seconds
         url = f"http://{self.http_url}/v2/health/ready"
-        async with httpx.AsyncClient(timeout=1.0) as client:
+        # trust_env=False: a proxy from the environment must not see loopback traffic.
+        async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
             while True:
                 code = self.returncode()
                 if code is not None:
