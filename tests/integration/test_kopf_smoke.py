@@ -45,7 +45,8 @@ def operator(api: EmulatorThread) -> Iterator[SmokeRecord]:
     registry = kopf.OperatorRegistry()
     register(registry, api.kubeconfig_path, record)
     args = ["run", "--standalone", "--namespace=default"]
-    with KopfRunner(args, registry=registry, settings=settings(), timeout=30) as runner:
+    configured = settings(post_events=True)
+    with KopfRunner(args, registry=registry, settings=configured, timeout=30) as runner:
         yield record
     assert runner.exception is None
     assert runner.exit_code == 0
@@ -67,14 +68,23 @@ def observed(custom: client.CustomObjectsApi, generation: int) -> dict[str, Any]
     return obj if status.get("observedGeneration") == generation else None
 
 
+def events_about(api: EmulatorThread, name: str) -> list[str]:
+    with api_client(api.kubeconfig_path) as kube:
+        found = client.CoreV1Api(kube).list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={name}"
+        )
+    return [e.message for e in found.items if "succeeded" in (e.message or "")]
+
+
 def test_create_runs_handler_patches_status_and_adds_finalizer(
-    operator: SmokeRecord, custom: client.CustomObjectsApi
+    api: EmulatorThread, operator: SmokeRecord, custom: client.CustomObjectsApi
 ) -> None:
     custom.create_namespaced_custom_object(G, V, "default", P, load_yaml(EXAMPLE))
     obj = wait_for(lambda: observed(custom, 1), what="the status patch")
     assert obj["status"]["phase"] == "Placed" and obj["status"]["node"] == SMOKE_NODE
     assert FINALIZER in obj["metadata"]["finalizers"]
     assert operator.created == ["classify"]
+    wait_for(lambda: events_about(api, "classify"), what="kopf's Event about the handler")
 
     custom.delete_namespaced_custom_object(G, V, "default", P, "classify")
     wait_for(lambda: get(custom) is None, what="the object to be gone")

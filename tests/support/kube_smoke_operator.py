@@ -61,9 +61,10 @@ def register(registry: kopf.OperatorRegistry, kubeconfig: Path, record: SmokeRec
         record.deleted.append(name)
 
 
-def settings() -> kopf.OperatorSettings:
+def settings(*, post_events: bool = False) -> kopf.OperatorSettings:
     configured = kopf.OperatorSettings()
-    configured.posting.level = 100  # no Events per handler (they would be noise here)
+    # kopf 1.45 posts Events for handler log lines only with `posting.loggers` (off by default).
+    configured.posting.loggers = post_events
     configured.watching.server_timeout = 30
     configured.networking.request_timeout = 10
     return configured

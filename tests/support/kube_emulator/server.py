@@ -54,6 +54,7 @@ or as a subprocess (`hosting.EmulatorProcess`).
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -66,6 +67,8 @@ from aiohttp import web
 from tests.support.kube_emulator.errors import ApiError
 from tests.support.kube_emulator.handlers import Handlers, error_response, json_response
 from tests.support.kube_emulator.operations import Cluster
+
+_log = logging.getLogger(__name__)
 
 
 class KubeEmulator:
@@ -106,6 +109,11 @@ class KubeEmulator:
             return await handler(request)
         except ApiError as e:
             return error_response(e)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # a bug in the emulator: answer as the server would, and log it
+            _log.exception("emulator failed on %s %s", request.method, request.path_qs)
+            return error_response(ApiError(500, f"emulator internal error: {e!r}"))
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/emulator/compact" and request.method == "POST":
