@@ -15,9 +15,12 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(STAMP) ## create .venv and install everything the tests need (quick when nothing changed)
+setup: $(STAMP) ## create .venv (and .venv-triton, kubectl, helm) with everything the tests need; quick when nothing changed
+	@# The stamp cannot see tools installed outside .venv being removed: check them too.
+	@test -x .venv-triton/bin/tritonserver -a -x $(BIN)/kubectl -a -x $(BIN)/helm || \
+		{ rm -f $(STAMP); $(MAKE) --no-print-directory $(STAMP); }
 
-$(STAMP): pyproject.toml tools/setup.sh
+$(STAMP): pyproject.toml tools/setup.sh tools/install_kube_tools.py tools/install_triton.py
 	bash tools/setup.sh "$(PYTHON)" "$(VENV)"
 	@touch $@
 
