@@ -200,3 +200,23 @@ def test_get_watch_prints_rows_as_objects_change(api: EmulatorThread, kubectl: K
         for stream in (watcher.stdout, watcher.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_server_side_apply_removes_fields_the_manager_stopped_applying(
+    api: EmulatorThread, kubectl: Kubectl
+) -> None:
+    applied = kubectl.run("apply", "--server-side", "-f", str(CLASSIFY), check=True).stdout
+    assert "serverside-applied" in applied
+    with api_client(api.kubeconfig_path) as kube:  # another writer's label must survive
+        client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+            "modelswap.io", "v1alpha1", "default", "modeldeployments", "classify",
+            {"metadata": {"labels": {"team": "ml"}}},
+        )  # fmt: skip
+    without_min_resident = CLASSIFY.read_text().replace("    minResident: 1m\n", "")
+    kubectl.run("apply", "--server-side", "-f", "-", input_text=without_min_resident, check=True)
+    policy = kubectl.run("get", "md", "classify", "-o", "jsonpath={.spec.swapPolicy}", check=True)
+    assert "minResident" not in policy.stdout and '"idleAfter":"15m"' in policy.stdout
+    label = kubectl.run(
+        "get", "md", "classify", "-o", "jsonpath={.metadata.labels.team}", check=True
+    )
+    assert label.stdout == "ml"

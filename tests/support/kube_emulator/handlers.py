@@ -202,7 +202,7 @@ class Handlers:
             written = self.cluster.patch(
                 rt, path.namespace, path.name, content_type, await request.read(),
                 subresource=path.subresource, dry_run=_dry_run(request),
-                field_validation=validation,
+                field_validation=validation, field_manager=query.get("fieldManager"),
             )  # fmt: skip
             return _written(written)
         if request.method == "DELETE":

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.kube_emulator import clock, crds, defaults, patching
+from tests.support.kube_emulator import applying, clock, crds, defaults, patching
 from tests.support.kube_emulator.admission import FieldValidation, admit, check_name
 from tests.support.kube_emulator.errors import (
     STALE,
@@ -58,6 +58,7 @@ class Cluster:
     def __init__(self, history_size: int = 10_000) -> None:
         self.store = Store(history_size)
         self.types = TypeRegistry()
+        self.applied = applying.AppliedConfigs()
         ns_type = self.types.get("", "v1", "namespaces")
         assert ns_type is not None
         for name in INITIAL_NAMESPACES:
@@ -234,21 +235,22 @@ class Cluster:
         subresource: str | None = None,
         dry_run: bool = False,
         field_validation: FieldValidation = "Strict",
+        field_manager: str | None = None,
     ) -> Written:
+        if content_type == patching.APPLY_PATCH:
+            return self._apply(
+                rt, namespace, name, raw, subresource=subresource, dry_run=dry_run,
+                field_validation=field_validation, field_manager=field_manager,
+            )  # fmt: skip
         if rt.custom and content_type not in _CUSTOM_PATCH_TYPES:
             raise unsupported_media_type(content_type, _CUSTOM_PATCH_TYPES)
         try:
-            body = yaml.safe_load(raw) if content_type == patching.APPLY_PATCH else _json(raw)
+            body = _json(raw)
         except ValueError as e:
             raise bad_request(f"error decoding patch: {e}") from e
-        creates = content_type == patching.APPLY_PATCH and subresource is None
-        if creates and self.store.get(rt.key, namespace or "", name) is None:
-            return self.create(
-                rt, namespace, body, dry_run=dry_run, field_validation=field_validation
-            )
         current = self.get(rt, namespace, name)
         apply: Callable[[Any, Any], Any]
-        if content_type in (patching.MERGE_PATCH, patching.APPLY_PATCH):
+        if content_type == patching.MERGE_PATCH:
             apply = patching.merge_patch
         elif content_type == patching.JSON_PATCH:
             apply = patching.json_patch
@@ -270,6 +272,42 @@ class Cluster:
             rt, current, patched, subresource=subresource, dry_run=dry_run,
             field_validation=field_validation, is_patch=True,
         )  # fmt: skip
+
+    def _apply(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        raw: bytes,
+        *,
+        subresource: str | None,
+        dry_run: bool,
+        field_validation: FieldValidation,
+        field_manager: str | None,
+    ) -> Written:
+        if not field_manager:
+            raise bad_request("PATCH requests with apply must specify a fieldManager")
+        try:
+            config = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise bad_request(f"error decoding YAML: {e}") from e
+        if not isinstance(config, dict):
+            raise bad_request("the applied configuration must be an object")
+        if subresource is None and self.store.get(rt.key, namespace or "", name) is None:
+            written = self.create(
+                rt, namespace, config, dry_run=dry_run, field_validation=field_validation
+            )
+        else:
+            current = self.get(rt, namespace, name)
+            uid = current["metadata"]["uid"]
+            applied = applying.apply(current, self.applied.previous(uid, field_manager), config)
+            written = self._update(
+                rt, current, applied, subresource=subresource, dry_run=dry_run,
+                field_validation=field_validation, is_patch=True,
+            )  # fmt: skip
+        if not dry_run:
+            self.applied.record(written.object["metadata"]["uid"], field_manager, config)
+        return written
 
     def _update(
         self,
@@ -394,6 +432,7 @@ class Cluster:
         if rt.key == _CRD_KEY:
             self._drop_crd(obj)
         gone = self.store.remove(rt.key, meta.get("namespace", ""), meta["name"])
+        self.applied.forget(meta["uid"])
         self._collect_garbage(meta["uid"])
         namespace = meta.get("namespace")
         if namespace:

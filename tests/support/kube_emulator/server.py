@@ -23,7 +23,9 @@ aiohttp, no kmock import), with everything below made real:
   while deleting), delete preconditions, garbage collection of dependents by
   ownerReferences, namespace termination, 404 for a missing namespace;
 - patches: merge, JSON (with `test`), strategic merge for built-ins (415 on custom
-  resources), apply-patch approximated as create-or-merge (no field ownership);
+  resources), server-side apply simplified (per-manager applied configuration: fields a
+  manager stops applying are removed; no cross-manager ownership, conflicts or
+  managedFields);
 - request bodies in JSON, YAML, or protobuf for Namespace/ConfigMap/Secret/ServiceAccount/
   DeleteOptions (what `kubectl create …` and helm's release storage send);
 - `fieldValidation=Strict|Warn|Ignore` with the real wording (400 / `Warning: 299` / pruned),
@@ -41,7 +43,7 @@ aiohttp, no kmock import), with everything below made real:
   token over plain HTTP, and the emulator serves plain HTTP on loopback only).
 
 Not emulated (see the issue-3 report): schemas of built-in types (their unknown fields are
-kept, never refused), managedFields and real server-side apply, protobuf
+kept, never refused), managedFields and server-side apply conflicts, protobuf
 responses and `/openapi/v2` in protobuf, aggregated discovery (clients fall back to the
 legacy documents), admission webhooks and ValidatingAdmissionPolicy enforcement,
 foreground/orphan deletion propagation, CRD conversion between versions, controllers (no
