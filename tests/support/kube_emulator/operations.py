@@ -1,14 +1,15 @@
 """The API verbs with the real server's object semantics, independent of HTTP.
 
-create/replace/patch/delete apply what the generic registry and the custom-resource
-strategies do: uid, creationTimestamp, resourceVersion, generation, generateName, status
-subresource rules, optimistic concurrency, finalizers and deletionTimestamp, dry-run,
-garbage collection of dependents, namespace termination, and CRD registration.
+create/replace/patch apply what the generic registry and the custom-resource strategies
+do: uid, creationTimestamp, resourceVersion, generation, generateName, status subresource
+rules, optimistic concurrency, no new finalizers while deleting, dry-run, no-op writes not
+written, and CRD registration. Deletion lives in `deletion`, server-side apply in `applying`.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 import uuid
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.kube_emulator import applying, clock, crds, defaults, patching
+from tests.support.kube_emulator import applying, clock, crds, defaults, deletion, patching
 from tests.support.kube_emulator.admission import FieldValidation, admit, check_name
 from tests.support.kube_emulator.errors import (
     STALE,
@@ -389,100 +390,11 @@ class Cluster:
         *,
         dry_run: bool = False,
     ) -> Written:
-        current = self.get(rt, namespace, name)
-        meta = current["metadata"]
-        preconditions = (options or {}).get("preconditions") or {}
-        if preconditions.get("uid") and preconditions["uid"] != meta["uid"]:
-            raise conflict(
-                rt.group, rt.plural, name,
-                f"Precondition failed: UID in precondition: {preconditions['uid']}, "
-                f"UID in object meta: {meta['uid']}",
-            )  # fmt: skip
-        rv = preconditions.get("resourceVersion")
-        if rv and rv != meta["resourceVersion"]:
-            raise conflict(
-                rt.group, rt.plural, name,
-                f"Precondition failed: ResourceVersion in precondition: {rv}, "
-                f"ResourceVersion in object meta: {meta['resourceVersion']}",
-            )  # fmt: skip
-        pending = bool(meta.get("finalizers")) or rt.key == _NS_KEY
-        if not pending:
-            if dry_run:
-                return Written(current)
-            return Written(self._remove(rt, current))
-        if meta.get("deletionTimestamp"):
-            return Written(current)
-        marked = copy.deepcopy(current)
-        marked["metadata"]["deletionTimestamp"] = clock.now()
-        marked["metadata"]["deletionGracePeriodSeconds"] = 0
-        if rt.has_generation:
-            marked["metadata"]["generation"] = meta.get("generation", 0) + 1
-        if rt.key == _NS_KEY:
-            marked["status"] = {"phase": "Terminating"}
-        if dry_run:
-            return Written(marked)
-        stored = self.store.put(rt.key, marked)
-        if rt.key == _NS_KEY:
-            self._terminate_namespace(name)
-            return Written(self.store.get(rt.key, "", name) or stored)
-        return Written(self.as_version(rt, stored))
+        return Written(deletion.delete(self, rt, namespace, name, options, dry_run=dry_run))
 
     def _remove(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = obj["metadata"]
-        if rt.key == _CRD_KEY:
-            self._drop_crd(obj)
-        gone = self.store.remove(rt.key, meta.get("namespace", ""), meta["name"])
-        self.applied.forget(meta["uid"])
-        self._collect_garbage(meta["uid"])
-        namespace = meta.get("namespace")
-        if namespace:
-            self._maybe_finish_namespace(namespace)
-        return self.as_version(rt, gone)
-
-    def _drop_crd(self, crd: dict[str, Any]) -> None:
-        group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
-        for obj in self.store.items((group, plural)):
-            self.store.remove(
-                (group, plural), obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
-            )
-        self.types.remove_key(group, plural)
-        self.store.close_watches((group, plural))
-
-    def _collect_garbage(self, owner_uid: str) -> None:
-        """Delete dependents whose owners are all gone (background propagation)."""
-        live = {obj["metadata"]["uid"] for _, obj in self.store.all_objects()}
-        for key, obj in list(self.store.all_objects()):
-            refs = obj["metadata"].get("ownerReferences") or []
-            owned = any(r.get("uid") == owner_uid for r in refs)
-            if not owned or any(r.get("uid") in live for r in refs):
-                continue
-            rt = self.types.storage_type(*key)
-            namespace, name = obj["metadata"].get("namespace"), obj["metadata"]["name"]
-            if rt is not None and self.store.get(key, namespace or "", name) is not None:
-                self.delete(rt, namespace, name)
-
-    def _terminate_namespace(self, namespace: str) -> None:
-        for key in list(self.store.namespaces_in_use(namespace)):
-            rt = self.types.storage_type(*key)
-            if rt is None:
-                continue
-            for obj in self.store.items(key, namespace):
-                if self.store.get(key, namespace, obj["metadata"]["name"]) is not None:
-                    self.delete(rt, namespace, obj["metadata"]["name"])
-        self._maybe_finish_namespace(namespace)
-
-    def _maybe_finish_namespace(self, namespace: str) -> None:
-        ns = self.store.get(_NS_KEY, "", namespace)
-        if ns is None or not ns["metadata"].get("deletionTimestamp"):
-            return
-        if any(True for _ in self.store.namespaces_in_use(namespace)):
-            return
-        if ns["metadata"].get("finalizers"):
-            return
-        self.store.remove(_NS_KEY, "", namespace)
+        return deletion.remove(self, rt, obj)
 
 
 def _json(raw: bytes) -> Any:
-    import json
-
     return json.loads(raw or b"null")
