@@ -148,3 +148,23 @@ def test_without_nvml_memory_info_falls_back_to_cuda_totals(
 
 def test_overhead_is_clamped_at_zero() -> None:
     assert overhead_bytes({5: 100}, [5], {5: 300}) == {5: 0}
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("ok", "cuda-vmm"), ("no-driver", "sim"), ("no-vmm", "sim")]
+)
+def test_auto_backend_choice(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str, expected: str
+) -> None:
+    from modelswap_sidecar.gpu.devices import choose_allocator_backend
+
+    fake = install(monkeypatch, FakeCuda())
+    fake.no_driver = mode == "no-driver"
+    if mode == "no-vmm":
+        fake.devices[0].attributes["CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"] = 0
+    with caplog.at_level("INFO"):
+        assert choose_allocator_backend() == expected
+    assert f"allocator backend: {expected}" in caplog.text
+    if mode == "no-driver":
+        assert "no CUDA backend selected: no CUDA driver" in caplog.text
+    assert choose_allocator_backend("sim") == "sim"

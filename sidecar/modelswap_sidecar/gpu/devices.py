@@ -126,3 +126,22 @@ def select(gpus: list[GpuInfo], wanted: list[str | int] | None) -> list[GpuInfo]
             raise ValueError(f"GPU {key!r} not found; visible: {[g.uuid for g in gpus]}")
         chosen.append(match[0])
     return chosen
+
+
+def choose_allocator_backend(requested: str = "auto") -> str:
+    """ "sim" | "cuda-vmm" for the agent: "auto" picks cuda-vmm when a driver and a capable
+    GPU are present, else sim — logging one line that says which and why."""
+    if requested != "auto":
+        return requested
+    try:
+        b = cc.load()
+        cc.initialize(b)
+        gpus = [g for g in probe_devices(b) if g.capabilities.cuda_vmm_ok]
+    except (cc.CudaUnavailable, cc.CudaError) as e:
+        log.info("allocator backend: sim (no CUDA backend selected: %s)", e)
+        return "sim"
+    if not gpus:
+        log.info("allocator backend: sim (no GPU supports VMM with POSIX-fd handles)")
+        return "sim"
+    log.info("allocator backend: cuda-vmm (%d capable GPUs)", len(gpus))
+    return "cuda-vmm"
