@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import EMULATOR_DATA, api_client, load_yaml, wait_for
@@ -156,3 +157,32 @@ def test_watch_ends_at_timeout_seconds_and_when_the_crd_is_deleted(
     client.ApiextensionsV1Api(kube).delete_custom_resource_definition("widgets.example.com")
     follower.join(5)
     assert codes == [200], "the watch did not end when its CRD was deleted"
+
+
+def test_official_client_watch_raises_410_for_a_compacted_resource_version(
+    api: EmulatorThread, kube: client.ApiClient
+) -> None:
+    custom = client.CustomObjectsApi(kube)
+    rv = custom.list_namespaced_custom_object(G, V, "default", P)["metadata"]["resourceVersion"]
+    custom.create_namespaced_custom_object(G, V, "default", P, widget("gone"))
+    api.call(api.emulator.cluster.store.compact)  # type: ignore[union-attr]
+    stream = watch.Watch().stream(
+        custom.list_namespaced_custom_object, G, V, "default", P,
+        resource_version=rv, timeout_seconds=2,
+    )  # fmt: skip
+    with pytest.raises(ApiException) as e:
+        list(stream)
+    assert e.value.status == 410
+
+
+def test_crds_are_watchable_and_report_established(api: EmulatorThread) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    listed = requests.get(f"{api.url}{crds}", timeout=5).json()
+    rv = listed["metadata"]["resourceVersion"]
+    gadgets = load_yaml(EMULATOR_DATA / "gadgets-crd.yaml")
+    assert requests.post(f"{api.url}{crds}", json=gadgets, timeout=5).status_code == 201
+    added, established = raw_events(api, crds, {"resourceVersion": rv}, 2)
+    assert added["type"] == "ADDED" and added["object"]["metadata"]["name"] == "gadgets.example.com"
+    assert established["type"] == "MODIFIED"
+    conditions = {c["type"]: c["status"] for c in established["object"]["status"]["conditions"]}
+    assert conditions["Established"] == "True"
