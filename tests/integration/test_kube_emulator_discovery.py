@@ -50,6 +50,21 @@ def test_subprocess_starts_well_under_a_second_and_is_gone_after() -> None:
     assert not _process_alive(pid)
 
 
+def test_subprocess_loads_manifests_before_it_is_ready() -> None:
+    crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    with EmulatorProcess(manifests=crds) as api, api_client(api.kubeconfig_path) as kube:
+        listed = client.CustomObjectsApi(kube).list_cluster_custom_object(
+            "modelswap.io", "v1alpha1", "swapnodes"
+        )
+        kubeconfig = api.kubeconfig_path
+        pid = api.pid
+    assert listed["kind"] == "SwapNodeList" and listed["items"] == []
+    assert not kubeconfig.exists()
+    assert not _process_alive(pid)
+    assert not kubeconfig.exists()
+    assert not _process_alive(pid)
+
+
 def test_in_thread_start_is_fast_and_serves_version() -> None:
     began = time.monotonic()
     with EmulatorThread() as other:

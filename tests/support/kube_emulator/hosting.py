@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -40,9 +40,12 @@ class _Kubeconfig:
 
 
 class EmulatorThread:
-    """`with EmulatorThread() as api:` → `api.url`, `api.kubeconfig_path`, `api.cluster`."""
+    """`with EmulatorThread(manifests=[crd_path]) as api:` → `api.url`, `api.kubeconfig_path`,
+    `api.emulator` (touch its state only through `api.call`). Keyword arguments other than
+    `manifests` go to `KubeEmulator`."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, manifests: Sequence[Path] = (), **kwargs: Any) -> None:
+        self._manifests = list(manifests)
         self._kwargs = kwargs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -53,6 +56,8 @@ class EmulatorThread:
         self._thread.start()
         self.emulator = self.call(lambda: KubeEmulator(**self._kwargs))
         asyncio.run_coroutine_threadsafe(self.emulator.start(), self._loop).result(timeout=10)
+        emulator = self.emulator
+        self.call(lambda: emulator.load_manifests(self._manifests))
         self._files = _Kubeconfig()
         self.emulator.write_kubeconfig(self._files.path)
         return self
@@ -88,17 +93,9 @@ class EmulatorThread:
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create one object (any served kind) directly, for seeding a test's cluster."""
-        assert self.emulator is not None
-        cluster = self.emulator.cluster
-
-        def run() -> dict[str, Any]:
-            rt = cluster.types.by_kind(obj["apiVersion"], obj["kind"])
-            if rt is None:
-                raise LookupError(f"no served kind {obj['kind']} in {obj['apiVersion']}")
-            namespace = obj["metadata"].get("namespace", "default") if rt.namespaced else None
-            return cluster.create(rt, namespace, obj).object
-
-        return self.call(run)
+        emulator = self.emulator
+        assert emulator is not None
+        return self.call(lambda: emulator.create_object(obj))
 
     @property
     def url(self) -> str:
@@ -123,13 +120,19 @@ class EmulatorThread:
 
 
 class EmulatorProcess:
-    """`with EmulatorProcess() as api:` → a subprocess emulator; killed (group) on exit."""
+    """`with EmulatorProcess(manifests=[crd_path]) as api:` → a subprocess emulator, in its
+    own process group, killed (group) on exit; `api.kubeconfig_path` for other processes."""
 
     def __init__(
-        self, *, start_timeout_s: float = 10.0, extra_args: list[str] | None = None
+        self,
+        *,
+        manifests: Sequence[Path] = (),
+        start_timeout_s: float = 10.0,
+        extra_args: list[str] | None = None,
     ) -> None:
         self._start_timeout_s = start_timeout_s
-        self._extra_args = extra_args or []
+        self._extra_args = [arg for m in manifests for arg in ("--manifest", str(m))]
+        self._extra_args += extra_args or []
         self._proc: subprocess.Popen[bytes] | None = None
         self._files: _Kubeconfig | None = None
         self.url = ""

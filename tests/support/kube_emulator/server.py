@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -158,6 +158,21 @@ class KubeEmulator:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    def create_object(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create one object of any served kind directly (call on the emulator's loop)."""
+        rt = self.cluster.types.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+        if rt is None:
+            raise LookupError(f"no served kind {obj.get('kind')} in {obj.get('apiVersion')}")
+        namespace = obj.get("metadata", {}).get("namespace", "default") if rt.namespaced else None
+        return self.cluster.create(rt, namespace, obj).object
+
+    def load_manifests(self, paths: Sequence[Path]) -> None:
+        """Create every object in these YAML files (multi-document), in order."""
+        for path in paths:
+            for obj in yaml.safe_load_all(path.read_text()):
+                if obj:
+                    self.create_object(obj)
 
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         return kubeconfig(self.url, self.token, namespace)
