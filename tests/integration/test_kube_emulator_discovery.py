@@ -145,3 +145,26 @@ def test_openapi_v3_describes_crd_schema_and_field_validation(
     assert "application/strategic-merge-patch+json" not in patch["requestBody"]["content"]
     v2 = requests.get(f"{api.url}/openapi/v2", timeout=5).json()
     assert "io.modelswap.v1alpha1.SwapNode" in v2["definitions"]
+
+
+def test_aggregated_discovery_as_kubectl_asks_for_it(api: EmulatorThread) -> None:
+    api.create(load_yaml(EMULATOR_DATA / "widgets-crd.yaml"))
+    accept = (
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+    )
+    apis = requests.get(f"{api.url}/apis", headers={"Accept": accept}, timeout=5)
+    assert apis.headers["Content-Type"].startswith("application/json;g=apidiscovery.k8s.io;v=v2")
+    groups = {g["metadata"]["name"]: g for g in apis.json()["items"]}
+    (widgets,) = [
+        r for r in groups["example.com"]["versions"][0]["resources"] if r["resource"] == "widgets"
+    ]
+    assert widgets["scope"] == "Namespaced" and widgets["shortNames"] == ["wd"]
+    assert widgets["subresources"][0]["subresource"] == "status"
+    core = requests.get(f"{api.url}/api", headers={"Accept": accept}, timeout=5).json()
+    assert {r["resource"] for r in core["items"][0]["versions"][0]["resources"]} >= {
+        "namespaces",
+        "nodes",
+    }
+    legacy = requests.get(f"{api.url}/apis", timeout=5).json()
+    assert legacy["kind"] == "APIGroupList"

@@ -1,4 +1,6 @@
-"""Discovery documents: `/api`, `/apis`, `/apis/{group}`, resource lists, `/version`."""
+"""Discovery documents: `/api`, `/apis`, `/apis/{group}`, resource lists, `/version`, and
+the aggregated form (apidiscovery.k8s.io/v2) that kubectl asks `/api` and `/apis` for first;
+the official Python client and kopf use the legacy documents."""
 
 from __future__ import annotations
 
@@ -98,4 +100,75 @@ def resource_list(types: TypeRegistry, group_name: str, version_name: str) -> di
         "apiVersion": "v1",
         "groupVersion": f"{group_name}/{version_name}" if group_name else version_name,
         "resources": [entry for rt in found for entry in _resource(rt)],
+    }
+
+
+# -- aggregated discovery (apidiscovery.k8s.io/v2), what kubectl ≥ 1.30 asks for first -----
+
+AGGREGATED_MEDIA_TYPE = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+def wants_aggregated(accept: str) -> bool:
+    return any(
+        "as=APIGroupDiscoveryList" in part and "v=v2;" in part + ";" and "apidiscovery" in part
+        for part in accept.replace(" ", "").split(",")
+    )
+
+
+def _kind_ref(rt: ResourceType, kind: str) -> dict[str, str]:
+    return {"group": rt.group, "version": rt.version, "kind": kind}
+
+
+def _aggregated_resource(rt: ResourceType) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "resource": rt.plural,
+        "responseKind": _kind_ref(rt, rt.kind),
+        "scope": "Namespaced" if rt.namespaced else "Cluster",
+        "singularResource": rt.singular,
+        "verbs": list(rt.verbs),
+    }
+    if rt.short_names:
+        entry["shortNames"] = list(rt.short_names)
+    if rt.categories:
+        entry["categories"] = list(rt.categories)
+    if rt.subresources:
+        entry["subresources"] = [
+            {
+                "subresource": sub,
+                "responseKind": _kind_ref(rt, rt.kind if sub == "status" else "Scale"),
+                "verbs": ["get", "patch", "update"],
+            }
+            for sub in sorted(rt.subresources)
+        ]
+    return entry
+
+
+def _aggregated_version(types: TypeRegistry, group_name: str, version_name: str) -> dict[str, Any]:
+    return {
+        "version": version_name,
+        "resources": [
+            _aggregated_resource(rt) for rt in types.in_group_version(group_name, version_name)
+        ],
+        "freshness": "Current",
+    }
+
+
+def aggregated(types: TypeRegistry, *, core: bool) -> dict[str, Any]:
+    """The APIGroupDiscoveryList for `/api` (core) or `/apis` (every other group)."""
+    items: list[dict[str, Any]]
+    if core:
+        items = [{"metadata": {}, "versions": [_aggregated_version(types, "", "v1")]}]
+    else:
+        items = [
+            {
+                "metadata": {"name": name},
+                "versions": [_aggregated_version(types, name, v) for v in versions],
+            }
+            for name, versions in types.groups()
+        ]
+    return {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
     }

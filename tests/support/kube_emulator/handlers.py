@@ -28,8 +28,13 @@ _EVENT_FIELDS = frozenset(
 _JSON_TYPES = ("application/json", "application/yaml", "")
 
 
-def json_response(body: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
-    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+def json_response(
+    body: Any,
+    status: int = 200,
+    warnings: list[str] | None = None,
+    content_type: str = "application/json",
+) -> web.Response:
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": content_type})
     for warning in warnings or ():
         escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
         headers.add("Warning", f'299 - "{escaped}"')
@@ -50,11 +55,15 @@ class Handlers:
     def non_resource(self, request: web.Request) -> web.Response | None:
         parts = [p for p in request.path.split("/") if p]
         types = self.cluster.types
+        accept = request.headers.get("Accept", "")
         body: Any = None
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return web.Response(text="ok")
         if parts == ["version"]:
             body = discovery.version()
+        elif parts in (["api"], ["apis"]) and discovery.wants_aggregated(accept):
+            aggregated = discovery.aggregated(types, core=parts == ["api"])
+            return json_response(aggregated, content_type=discovery.AGGREGATED_MEDIA_TYPE)
         elif parts == ["api"]:
             body = discovery.core_versions(request.host)
         elif parts == ["api", "v1"]:

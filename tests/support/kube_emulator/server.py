@@ -5,7 +5,8 @@ that kopf, the official client and kubectl rely on, so this is a server of its o
 aiohttp, no kmock import), with everything below made real:
 
 - discovery: `/api`, `/apis`, `/apis/{group}`, resource lists with core `v1` as `v1`,
-  shortNames, categories, verbs, `status` subresources; `/version` (1.34); `/healthz`;
+  shortNames, categories, verbs, `status` subresources, and aggregated discovery
+  (apidiscovery.k8s.io/v2, what kubectl asks for); `/version` (1.34); `/healthz`;
 - `/openapi/v2` (JSON only; protobuf is refused with 406) and `/openapi/v3` (root and one
   document per group/version, with CRD schemas, PATCH content types and `fieldValidation`),
   so `kubectl apply` validates through the server as against a real cluster;
@@ -42,12 +43,12 @@ aiohttp, no kmock import), with everything below made real:
 - a generated kubeconfig (a token is written but not checked: client-go sends no bearer
   token over plain HTTP, and the emulator serves plain HTTP on loopback only).
 
-Not emulated (see the issue-3 report): schemas of built-in types (their unknown fields are
-kept, never refused), managedFields and server-side apply conflicts, protobuf
-responses and `/openapi/v2` in protobuf, aggregated discovery (clients fall back to the
-legacy documents), admission webhooks and ValidatingAdmissionPolicy enforcement,
-foreground/orphan deletion propagation, CRD conversion between versions, controllers (no
-Deployment ever becomes ready), authentication and authorization.
+Not emulated: schemas of built-in types (their unknown fields are kept, never refused),
+managedFields and server-side apply conflicts, protobuf responses and `/openapi/v2` in
+protobuf, admission webhooks and ValidatingAdmissionPolicy enforcement, foreground/orphan
+deletion propagation, CRD conversion between versions (objects are served under every
+version as stored), controllers (no Deployment ever becomes ready), authentication and
+authorization (no SelfSubjectAccessReview), `events.k8s.io`.
 
 Start it in-process (`async with KubeEmulator() as api`), in a thread of its own
 (`tests.support.kube_emulator.hosting.EmulatorThread`, for blocking clients and KopfRunner)
