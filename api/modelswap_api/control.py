@@ -103,7 +103,7 @@ class EntryResult(_Wire):
     uid: str
     outcome: Outcome
     reason: str
-    message: str = ""
+    message: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,7 +170,7 @@ class ActionResult(_Wire):
     uid: str
     outcome: ActionOutcome
     reason: str
-    message: str = ""
+    message: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

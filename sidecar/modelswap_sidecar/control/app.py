@@ -1,0 +1,241 @@
+"""The control API's aiohttp application and server (DESIGN.md §3; routes under `/v1`).
+
+    PUT    /v1/desired                  the node's full desired set (409 for an older term)
+    GET    /v1/node                     capacity, revision, fencing
+    GET    /v1/models                   every model held
+    GET    /v1/models/{uid}             one model
+    DELETE /v1/models/{uid}             forget a model no longer desired (host bytes too)
+    POST   /v1/models/{uid}/swap-in     manual swap-in
+    POST   /v1/models/{uid}/swap-out    manual swap-out
+    GET    /v1/openapi.yaml             the OpenAPI document (no token needed)
+
+Every other answer needs `Authorization: Bearer <token>`: 401 without one, 403 with a
+wrong one. Errors are JSON `ErrorBody`s; a malformed body is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from modelswap_api.control import (
+    ActionResult,
+    Cause,
+    ErrorBody,
+    ModelList,
+    check_uid,
+    parse_desired_set,
+)
+from modelswap_api.errors import ModelError, ResourceError
+from modelswap_sidecar.control.auth import TokenFile, Verdict
+from modelswap_sidecar.control.errors import (
+    RefusedError,
+    RevisionStoreError,
+    UnknownModelError,
+)
+from modelswap_sidecar.control.service import ControlService
+from modelswap_sidecar.control.settings import ControlSettings
+
+logger = logging.getLogger(__name__)
+
+SERVICE = web.AppKey("control_service", ControlService)
+TOKEN = web.AppKey("control_token", TokenFile)
+OPENAPI_PATH = "/v1/openapi.yaml"
+_PUBLIC = frozenset({OPENAPI_PATH})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(service: ControlService, token: TokenFile) -> web.Application:
+    app = web.Application(
+        middlewares=[_errors, _authenticate],
+        client_max_size=service.settings.max_body_bytes,
+    )
+    app[SERVICE] = service
+    app[TOKEN] = token
+    app.router.add_put("/v1/desired", _put_desired)
+    app.router.add_get("/v1/node", _get_node, allow_head=False)
+    app.router.add_get("/v1/models", _list_models, allow_head=False)
+    app.router.add_get("/v1/models/{uid}", _get_model, allow_head=False)
+    app.router.add_delete("/v1/models/{uid}", _delete_model)
+    app.router.add_post("/v1/models/{uid}/swap-in", _swap_in)
+    app.router.add_post("/v1/models/{uid}/swap-out", _swap_out)
+    app.router.add_get(OPENAPI_PATH, _openapi, allow_head=False)
+    app.cleanup_ctx.append(_unload_timer)
+    return app
+
+
+def ssl_context_of(settings: ControlSettings) -> ssl.SSLContext | None:
+    """HTTPS with the agent's certificate when one is configured (not in local mode)."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return context
+
+
+async def start(app: web.Application) -> web.AppRunner:
+    """Serve `app` on the settings' host and port; the caller cleans the runner up."""
+    settings = app[SERVICE].settings
+    ssl_context = ssl_context_of(settings)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+    await site.start()
+    logger.info(
+        "control API on %s:%d (%s)",
+        settings.host,
+        settings.port,
+        "https" if ssl_context else "plain http",
+    )
+    return runner
+
+
+def openapi_text() -> str:
+    """The OpenAPI document (docs/control-api.openapi.yaml, shipped with the package)."""
+    return (
+        importlib.resources.files("modelswap_sidecar.control")
+        .joinpath("openapi.yaml")
+        .read_text(encoding="utf-8")
+    )
+
+
+# --- middlewares -----------------------------------------------------------------------------
+
+
+def _error(
+    status: int,
+    reason: str,
+    message: str,
+    *,
+    field: str | None = None,
+    causes: tuple[Cause, ...] | None = None,
+) -> web.Response:
+    body = ErrorBody(reason=reason, message=message, field=field, causes=causes)
+    return web.json_response(body.to_dict(), status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error(e.status, e.reason.replace(" ", ""), e.text or e.reason)
+    except ResourceError as e:
+        causes = tuple(Cause(field=c.path, reason=c.reason, message=c.message) for c in e.errors)
+        return _error(400, "Invalid", str(e), field=causes[0].field, causes=causes)
+    except ModelError as e:
+        return _error(400, "Invalid", str(e), field=e.path)
+    except RefusedError as e:
+        return _error(409, e.reason, e.message)
+    except UnknownModelError as e:
+        return _error(404, "NotFound", str(e))
+    except RevisionStoreError as e:
+        logger.error("revision state: %s", e)
+        return _error(503, "RevisionStoreUnavailable", str(e))
+    except Exception:
+        logger.exception("%s %s failed", request.method, request.path)
+        return _error(500, "InternalError", "the agent failed to handle the request")
+
+
+@web.middleware
+async def _authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in _PUBLIC:
+        return await handler(request)
+    verdict = request.app[TOKEN].check(request.headers.get("Authorization"))
+    if verdict is Verdict.OK:
+        return await handler(request)
+    if verdict is Verdict.MISSING:
+        response = _error(401, "Unauthorized", "a bearer token is required")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="modelswap-agent"'
+        return response
+    if verdict is Verdict.WRONG:
+        logger.warning("control API: wrong token from %s", request.remote)
+        return _error(403, "Forbidden", "the bearer token is not valid")
+    return _error(503, "TokenUnavailable", "this agent has no control token to check against")
+
+
+# --- handlers --------------------------------------------------------------------------------
+
+
+async def _put_desired(request: web.Request) -> web.Response:
+    text = await request.text()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ModelError("", f"the body is not JSON: {e}") from e
+    result = await request.app[SERVICE].put_desired(parse_desired_set(data))
+    return web.json_response(result.to_dict())
+
+
+async def _get_node(request: web.Request) -> web.Response:
+    info = await request.app[SERVICE].node_info()
+    return web.json_response(info.to_dict())
+
+
+async def _list_models(request: web.Request) -> web.Response:
+    models = await request.app[SERVICE].models()
+    return web.json_response(ModelList(models=models).to_dict())
+
+
+async def _get_model(request: web.Request) -> web.Response:
+    model = await request.app[SERVICE].model(_uid(request))
+    return web.json_response(model.to_dict())
+
+
+async def _delete_model(request: web.Request) -> web.Response:
+    return _action(await request.app[SERVICE].delete(_uid(request)))
+
+
+async def _swap_in(request: web.Request) -> web.Response:
+    return _action(await request.app[SERVICE].swap_in(_uid(request)))
+
+
+async def _swap_out(request: web.Request) -> web.Response:
+    return _action(await request.app[SERVICE].swap_out(_uid(request)))
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    del request
+    return web.Response(text=openapi_text(), content_type="application/yaml")
+
+
+def _uid(request: web.Request) -> str:
+    uid = request.match_info["uid"]
+    check_uid(uid)
+    return uid
+
+
+def _action(result: ActionResult) -> web.Response:
+    return web.json_response(result.to_dict(), status=409 if result.outcome == "refused" else 200)
+
+
+# --- the grace-period timer ------------------------------------------------------------------
+
+
+async def _unload_timer(app: web.Application) -> AsyncIterator[None]:
+    service = app[SERVICE]
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(service.settings.unload_check_interval_seconds)
+            try:
+                await service.unload_due()
+            except Exception:
+                logger.exception("unload check failed")
+
+    task = asyncio.create_task(run(), name="control-unload-timer")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,27 @@
+"""Settings of the control API, read once at start by the agent and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlSettings:
+    node_name: str
+    #: Bearer token file (a mounted Secret key); re-read when it changes.
+    token_file: Path
+    #: Small JSON file holding the highest desired-set revision seen.
+    state_file: Path
+    host: str = "0.0.0.0"  # the NetworkPolicy admits only the operator
+    port: int = 9443
+    #: Models missing from the set are unloaded after this long; the agent is fenced when
+    #: Lease renewals and operator pushes have both failed for this long.
+    grace_seconds: float = 90.0
+    #: Off in local mode: there is no operator and no Lease.
+    fencing_enabled: bool = True
+    unload_check_interval_seconds: float = 1.0
+    max_body_bytes: int = 16 << 20
+    #: The agent certificate the operator issues; both unset: plain HTTP (local mode, tests).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None

@@ -1,0 +1,458 @@
+"""The control API over HTTP on 127.0.0.1, with the in-memory backend and a fake clock."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from modelswap_api.control import Revision
+from modelswap_sidecar.control.app import make_app
+from modelswap_sidecar.control.auth import TokenFile
+from modelswap_sidecar.control.memory_backend import InMemoryBackend
+from modelswap_sidecar.control.revisions import RevisionStore
+from modelswap_sidecar.control.service import ControlService
+from modelswap_sidecar.control.settings import ControlSettings
+
+GiB = 1 << 30
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GRACE = 90.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Node:
+    """One agent's control API on loopback and the knobs a test turns."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = FakeClock()
+        self.token_file = tmp_path / "token"
+        self.token_file.write_text(TOKEN + "\n")
+        self.settings = ControlSettings(
+            node_name="node-1",
+            token_file=self.token_file,
+            state_file=tmp_path / "state" / "revision.json",
+            grace_seconds=GRACE,
+            unload_check_interval_seconds=3600,  # tests call unload_due themselves
+        )
+        self.backend = InMemoryBackend("node-1", {"gpu-0": 10 * GiB, "gpu-1": 10 * GiB})
+        self.service = ControlService(self.backend, self.settings, clock=self.clock)
+        self.client: TestClient[Any, Any]
+
+    @contextlib.asynccontextmanager
+    async def served(self) -> AsyncIterator[TestClient[Any, Any]]:
+        app = make_app(self.service, TokenFile(self.settings.token_file))
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            self.client = client
+            yield client
+
+    async def put(self, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        response = await self.client.put(
+            "/v1/desired", json=body, headers=AUTH if headers is None else headers
+        )
+        return response.status, await response.json()
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        response = await self.client.get(path, headers=AUTH)
+        return response.status, await response.json()
+
+    async def post(self, path: str) -> tuple[int, Any]:
+        response = await self.client.post(path, headers=AUTH)
+        return response.status, await response.json()
+
+
+def entry(uid: str, weights: str = "1Gi", *, generation: int = 1, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"source": {"uri": f"/models/{uid}"}, "weightsBytes": weights},
+        "swapPolicy": {"idleAfter": "10m", "minResident": "1m"},
+    }
+    spec.update(extra.pop("spec", {}))
+    return {
+        "uid": uid,
+        "namespace": extra.pop("namespace", "team-a"),
+        "name": extra.pop("name", uid),
+        "generation": generation,
+        "spec": spec,
+        **extra,
+    }
+
+
+def desired(term: int, counter: int, *entries: dict[str, Any]) -> dict[str, Any]:
+    return {"revision": {"term": term, "counter": counter}, "entries": list(entries)}
+
+
+def outcomes(body: Any) -> dict[str, tuple[str, str]]:
+    return {r["uid"]: (r["outcome"], r["reason"]) for r in body["results"]}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+# --- the desired set -------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_set_loads_what_fits_and_defers_what_does_not_with_a_reason(node: Node) -> None:
+    async with node.served():
+        status, body = await node.put(
+            desired(1, 1, entry("a", "6Gi"), entry("b", "6Gi"), entry("c", "9Gi"))
+        )
+        assert status == 200
+        assert outcomes(body) == {
+            "a": ("applied", "Loaded"),
+            "b": ("applied", "Loaded"),
+            "c": ("deferred", "InsufficientHBM"),
+        }
+        assert body["revision"] == {"term": 1, "counter": 1}
+        status, listed = await node.get("/v1/models")
+        assert status == 200
+        assert [(m["uid"], m["phase"], m["desired"]) for m in listed["models"]] == [
+            ("a", "Resident", True),
+            ("b", "Resident", True),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_an_older_term_is_refused_and_changes_nothing(node: Node) -> None:
+    async with node.served():
+        assert (await node.put(desired(5, 1, entry("a"))))[0] == 200
+        status, body = await node.put(desired(4, 99, entry("b")))
+        assert (status, body["reason"]) == (409, "OlderTerm")
+        status, body = await node.put(desired(5, 0, entry("b")))
+        assert (status, body["reason"]) == (409, "OlderRevision")
+        _, listed = await node.get("/v1/models")
+        assert [m["uid"] for m in listed["models"]] == ["a"]
+        # The same revision again (a retried push) is fine; a newer term is taken.
+        assert (await node.put(desired(5, 1, entry("a"))))[0] == 200
+        assert (await node.put(desired(6, 0, entry("a"))))[0] == 200
+        _, info = await node.get("/v1/node")
+        assert info["revision"] == {"term": 6, "counter": 0}
+
+
+@pytest.mark.asyncio
+async def test_the_highest_revision_survives_an_agent_restart(node: Node) -> None:
+    async with node.served():
+        assert (await node.put(desired(7, 3, entry("a"))))[0] == 200
+    assert RevisionStore(node.settings.state_file).load() == Revision(term=7, counter=3)
+    restarted = ControlService(node.backend, node.settings, clock=node.clock)
+    node.service = restarted
+    async with node.served():
+        status, body = await node.put(desired(6, 50, entry("a")))
+        assert (status, body["reason"]) == (409, "OlderTerm")
+
+
+@pytest.mark.asyncio
+async def test_a_set_for_another_node_is_refused(node: Node) -> None:
+    async with node.served():
+        status, body = await node.put({**desired(1, 1, entry("a")), "nodeName": "node-2"})
+        assert (status, body["reason"]) == (409, "WrongNode")
+        assert (await node.get("/v1/models"))[1]["models"] == []
+
+
+@pytest.mark.asyncio
+async def test_an_older_generation_is_stale_and_a_changed_identity_is_a_conflict(
+    node: Node,
+) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a", generation=3), entry("b")))
+        status, body = await node.put(
+            desired(1, 2, entry("a", generation=2), entry("b", namespace="team-b"))
+        )
+        assert status == 200
+        assert outcomes(body) == {
+            "a": ("stale", "OlderGeneration"),
+            "b": ("conflict", "IdentityChanged"),
+        }
+        _, model = await node.get("/v1/models/a")
+        assert model["generation"] == 3
+
+
+@pytest.mark.asyncio
+async def test_a_policy_change_is_applied_to_the_loaded_model(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a")))
+        changed = entry("a", generation=2, spec={"swapPolicy": {"idleAfter": "30m"}})
+        status, body = await node.put(desired(1, 2, changed))
+        assert (status, outcomes(body)) == (200, {"a": ("applied", "Updated")})
+        _, model = await node.get("/v1/models/a")
+        assert (model["generation"], model["swapIns"]) == (2, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_model_missing_from_the_set_is_unloaded_only_after_the_grace_period(
+    node: Node,
+) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a"), entry("b")))
+        node.clock.now += 10
+        _, body = await node.put(desired(1, 2, entry("a")))
+        assert body["pendingUnloads"] == [{"uid": "b", "unloadInSeconds": GRACE}]
+        node.clock.now += 30
+        await node.put(desired(1, 3, entry("a")))  # a heartbeat push: the deadline holds
+        node.clock.now += GRACE - 30 - 1
+        assert await node.service.unload_due() == ()
+        _, model = await node.get("/v1/models/b")
+        assert (model["desired"], model["unloadInSeconds"], model["phase"]) == (
+            False,
+            1.0,
+            "Resident",
+        )
+        node.clock.now += 1
+        assert await node.service.unload_due() == ("b",)
+        _, model = await node.get("/v1/models/b")
+        assert model["phase"] == "Dropped" and model["hostBytes"] == GiB  # host bytes kept
+        assert await node.service.unload_due() == ()  # not twice
+        assert node.backend.unloaded == ["b"]
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_comes_back_in_time_is_not_unloaded(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a"), entry("b")))
+        await node.put(desired(1, 2, entry("a")))
+        node.clock.now += GRACE / 2
+        _, body = await node.put(desired(1, 3, entry("a"), entry("b")))
+        assert body["pendingUnloads"] == []
+        node.clock.now += GRACE
+        assert await node.service.unload_due() == ()
+
+
+@pytest.mark.asyncio
+async def test_a_model_back_after_its_unload_is_restored_from_the_host_store(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a")))
+        await node.put(desired(1, 2))
+        node.clock.now += GRACE
+        assert await node.service.unload_due() == ("a",)
+        _, body = await node.put(desired(1, 3, entry("a")))
+        assert outcomes(body) == {"a": ("applied", "Loaded")}
+        assert "host store" in body["results"][0]["message"]
+
+
+@pytest.mark.asyncio
+async def test_delete_forgets_a_dropped_model_and_refuses_a_desired_one(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a"), entry("b")))
+        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        assert response.status == 409
+        assert (await response.json())["reason"] == "StillDesired"
+        await node.put(desired(1, 2, entry("b")))
+        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        assert (response.status, (await response.json())["outcome"]) == (200, "completed")
+        assert (await node.get("/v1/models/a"))[0] == 404
+        node.clock.now += GRACE
+        assert await node.service.unload_due() == ()  # off the schedule
+        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        assert (response.status, (await response.json())["reason"]) == (200, "NotHeld")
+
+
+# --- manual swaps and reads ----------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_manual_swap_out_and_in(node: Node) -> None:
+    async with node.served():
+        pinned = entry("p", spec={"swapPolicy": {"idleAfter": "never", "pinned": True}})
+        await node.put(desired(1, 1, entry("a"), pinned))
+        assert await node.post("/v1/models/a/swap-out") == (
+            200,
+            {"uid": "a", "outcome": "completed", "reason": "SwappedOut"},
+        )
+        assert (await node.get("/v1/models/a"))[1]["phase"] == "SwappedOut"
+        status, body = await node.post("/v1/models/a/swap-in")
+        assert (status, body["outcome"]) == (200, "completed")
+        assert (await node.get("/v1/models/a"))[1]["swapIns"] == 1
+        status, body = await node.post("/v1/models/p/swap-out")
+        assert (status, body["outcome"], body["reason"]) == (409, "refused", "Pinned")
+        assert (await node.post("/v1/models/nope/swap-in"))[0] == 404
+
+
+@pytest.mark.asyncio
+async def test_a_fenced_agent_refuses_swap_ins_until_a_push_or_lease_renewal(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry("a")))
+        await node.post("/v1/models/a/swap-out")
+        node.clock.now += GRACE
+        assert (await node.get("/v1/node"))[1]["fenced"] is True
+        status, body = await node.post("/v1/models/a/swap-in")
+        assert (status, body["reason"]) == (409, "Fenced")
+        node.service.record_lease_renewal()
+        assert (await node.get("/v1/node"))[1]["fenced"] is False
+        assert (await node.post("/v1/models/a/swap-in"))[0] == 200
+
+
+@pytest.mark.asyncio
+async def test_node_info_reports_gpus_and_what_is_free(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(2, 0, entry("a", "4Gi", gpu="gpu-1")))
+        status, info = await node.get("/v1/node")
+        assert status == 200
+        assert info["nodeName"] == "node-1" and info["fenced"] is False
+        free = {g["uuid"]: g["hbmFreeBytes"] for g in info["gpus"]}
+        assert free == {"gpu-0": 10 * GiB, "gpu-1": 6 * GiB}
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_gpu_is_a_conflict(node: Node) -> None:
+    async with node.served():
+        _, body = await node.put(desired(1, 1, entry("a", gpu="gpu-9")))
+        assert outcomes(body) == {"a": ("conflict", "UnknownGpu")}
+
+
+# --- malformed requests ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"revision": {"term": 1}, "entries": []}, "revision.counter"),
+        ({"revision": {"term": -1, "counter": 0}, "entries": []}, "revision.term"),
+        ({"revision": {"term": 1, "counter": 0}, "entries": {}}, "entries"),
+        (desired(1, 0, entry("a"), entry("a")), "entries[1].uid"),
+        (desired(1, 0, entry("../etc")), "entries[0].uid"),
+        (desired(1, 0, entry("a", generation=0)), "entries[0].generation"),
+        (desired(1, 0, entry("a", "0")), "entries[0].spec.model.weightsBytes"),
+        (desired(1, 0, {**entry("a"), "colour": "red"}), "entries[0].colour"),
+        (
+            desired(1, 0, entry("a", spec={"swapPolicy": {"pinned": True, "onSwapOut": "drop"}})),
+            "entries[0].spec.swapPolicy.onSwapOut",
+        ),
+    ],
+)
+async def test_a_malformed_body_is_a_400_naming_the_field(
+    node: Node, body: dict[str, Any], field: str
+) -> None:
+    async with node.served():
+        status, answer = await node.put(body)
+        assert (status, answer["field"]) == (400, field), answer
+        assert (await node.get("/v1/models"))[1]["models"] == []
+        assert node.service.revision is None
+
+
+@pytest.mark.asyncio
+async def test_a_body_that_is_not_json_is_a_400(node: Node) -> None:
+    async with node.served():
+        response = await node.client.put("/v1/desired", data=b"{not json", headers=AUTH)
+        assert response.status == 400
+        assert "not JSON" in (await response.json())["message"]
+        response = await node.client.get("/v1/models/bad%2Fuid", headers=AUTH)
+        assert (response.status, (await response.json())["field"]) == (400, "uid")
+
+
+# --- authentication ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_calls_without_or_with_a_wrong_token_change_nothing(node: Node) -> None:
+    async with node.served():
+        status, body = await node.put(desired(1, 1, entry("a")), headers={})
+        assert (status, body["reason"]) == (401, "Unauthorized")
+        wrong = {"Authorization": "Bearer not-the-token"}
+        assert (await node.put(desired(1, 1, entry("a")), headers=wrong))[0] == 403
+        basic = {"Authorization": f"Basic {TOKEN}"}
+        assert (await node.put(desired(1, 1, entry("a")), headers=basic))[0] == 401
+        for method, path in [
+            ("GET", "/v1/node"),
+            ("GET", "/v1/models"),
+            ("POST", "/v1/models/a/swap-in"),
+            ("DELETE", "/v1/models/a"),
+        ]:
+            response = await node.client.request(method, path, headers=wrong)
+            assert response.status == 403, path
+        assert node.service.revision is None
+        assert node.backend.models is not None and await node.backend.models() == []
+        response = await node.client.get("/v1/node")
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        # The document is public.
+        assert (await node.client.get("/v1/openapi.yaml")).status == 200
+
+
+@pytest.mark.asyncio
+async def test_a_rotated_token_file_is_picked_up_and_a_missing_one_admits_nobody(
+    node: Node,
+) -> None:
+    async with node.served():
+        assert (await node.get("/v1/node"))[0] == 200
+        rotated = node.token_file.with_name("token.new")
+        rotated.write_text("rotated")
+        os.replace(rotated, node.token_file)  # as a Secret volume swaps its files
+        assert (await node.get("/v1/node"))[0] == 403
+        response = await node.client.get("/v1/node", headers={"Authorization": "Bearer rotated"})
+        assert response.status == 200
+        node.token_file.unlink()
+        response = await node.client.get("/v1/node", headers={"Authorization": "Bearer rotated"})
+        assert (response.status, (await response.json())["reason"]) == (503, "TokenUnavailable")
+
+
+@pytest.mark.asyncio
+async def test_unknown_routes_and_methods_answer_json(node: Node) -> None:
+    async with node.served():
+        response = await node.client.get("/v1/nothing", headers=AUTH)
+        assert response.status == 404 and "reason" in await response.json()
+        response = await node.client.post("/v1/node", headers=AUTH)
+        assert response.status == 405
+
+
+def test_the_revision_file_is_json_and_a_corrupt_one_is_refused(tmp_path: Path) -> None:
+    store = RevisionStore(tmp_path / "r.json")
+    assert store.load() is None
+    store.save(Revision(term=2, counter=9))
+    assert json.loads((tmp_path / "r.json").read_text())["revision"] == {"term": 2, "counter": 9}
+    assert store.load() == Revision(term=2, counter=9)
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
+    (tmp_path / "r.json").write_text("{")
+    from modelswap_sidecar.control.errors import RevisionStoreError
+
+    with pytest.raises(RevisionStoreError, match=r"r\.json"):
+        store.load()
+
+
+class FlakyBackend(InMemoryBackend):
+    """Answers converge out of order once asked to, and fails the first unload."""
+
+    def __init__(self) -> None:
+        super().__init__("node-1", {"gpu-0": 10 * GiB})
+        self.scramble = False
+        self.unload_failures = 1
+
+    async def converge(self, entries: Any) -> Any:
+        results = list(await super().converge(entries))
+        return results[::-1] if self.scramble else results
+
+    async def unload(self, uid: str) -> None:
+        if self.unload_failures:
+            self.unload_failures -= 1
+            raise OSError("triton is restarting")
+        await super().unload(uid)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_unload_is_retried_and_a_broken_backend_is_a_500(node: Node) -> None:
+    backend = FlakyBackend()
+    node.backend = backend
+    node.service = ControlService(backend, node.settings, clock=node.clock)
+    async with node.served():
+        await node.put(desired(1, 1, entry("a"), entry("b")))
+        await node.put(desired(1, 2, entry("a")))
+        node.clock.now += GRACE
+        assert await node.service.unload_due() == ()  # failed: stays scheduled
+        assert await node.service.unload_due() == ("b",)
+        backend.scramble = True
+        status, body = await node.put(desired(1, 3, entry("a"), entry("c")))
+        assert (status, body["reason"]) == (500, "InternalError")
