@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "BENCHMARKS.md"
 
 
+_COLUMNS = {"throughput_bytes_per_second", "ratio_to_ceiling", "ratio_to_sync_baseline"}
+
+
 def _fmt(value: float, unit: str) -> str:
     return f"{value * 1e3:.1f} ms" if unit == "seconds" else f"{value:g} {unit}"
 
@@ -32,8 +35,8 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
     lines += [f"- {n}" for n in doc["notes"]]
     lines += [
         "",
-        "| measurement | model bytes | median | throughput | x ceiling | x sync |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| measurement | model bytes | median | throughput | x ceiling | x sync | other |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in doc["results"]:
         mt = r["metrics"]
@@ -49,6 +52,12 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
         lines[-1] += (
             f"{mt['ratio_to_sync_baseline']:.2f} |" if "ratio_to_sync_baseline" in mt else "|"
         )
+        other = [
+            f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else f'{v:g}'}"
+            for k, v in mt.items()
+            if k not in _COLUMNS
+        ]
+        lines[-1] += f" {'; '.join(other)} |"
     return [*lines, ""]
 
 

@@ -102,7 +102,7 @@ def write(
         "notes": notes,
         "results": results,
     }
-    path = RESULTS / doc["machine_class"] / f"{bench}.json"
+    path = RESULTS / str(doc["machine_class"]) / f"{bench}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path

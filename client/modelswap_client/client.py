@@ -46,7 +46,14 @@ from modelswap_api.wire import (
     reply_to,
 )
 from modelswap_client import _libc
-from modelswap_client.mappers.base import GRANULARITY_BYTES, CopyEvent, Handle, Mapper, get_mapper
+from modelswap_client.mappers.base import (
+    GRANULARITY_BYTES,
+    CopyEvent,
+    Handle,
+    HostBuffer,
+    Mapper,
+    get_mapper,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +153,8 @@ class Attachment:
         self._connected = threading.Event()
         self._peer: Peer | None = None
         self._reservations: list[Any] = []
+        #: region tag → ((st_dev, st_ino, bytes) of its weight copy, read-only host mapping)
+        self._weight_sources: dict[str, tuple[tuple[int, int, int], HostBuffer]] = {}
         self._on_swap_out: list[Handler] = []
         self._on_swap_in: list[Handler] = []
         self._on_readopt: list[Handler] = []
@@ -211,6 +220,7 @@ class Attachment:
         with self._op_lock:
             self.mapper.synchronize()
             self._unmap_all()
+            self._drop_weight_sources()
             for r in self._reservations:
                 self.mapper.free_reservation(r)
             self._reservations = []
@@ -411,10 +421,11 @@ class Attachment:
             with self._cond:
                 self._drain_token = token
 
-    def _pieces(self, size: int) -> Iterator[tuple[int, int]]:
-        offset = 0
-        while offset < size:
-            n = min(self.copy_piece_bytes, size - offset)
+    def _pieces(self, start: int, size: int) -> Iterator[tuple[int, int]]:
+        """(offset, bytes) pieces of [start, start + size), at most `copy_piece_bytes` each."""
+        offset, end = start, start + size
+        while offset < end:
+            n = min(self.copy_piece_bytes, end - offset)
             yield offset, n
             offset += n
 
@@ -427,7 +438,7 @@ class Attachment:
                 fd = message.fds[int(rd["fd"])]
                 host = self.mapper.map_host(fd, int(rd["bytes"]), writable=True)
                 buffers.append(host)
-                for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
+                for n, (off, size) in enumerate(self._pieces(0, r.reserved_bytes)):
                     events.append(
                         self.mapper.copy_to_host(
                             host.address + off,
@@ -464,9 +475,6 @@ class Attachment:
                         self.mapper.release(h)
                         raise
                     done.append((r, int(c["offset"]), int(c["bytes"]), h))
-            for rd in message.body["regions"]:
-                r = self.regions[rd["tag"]]
-                self.mapper.set_access(r.address, r.reserved_bytes, writable=True)
         except BaseException:
             for r, offset, size, h in done:
                 self.mapper.unmap(r.address + offset, size)
@@ -479,31 +487,69 @@ class Attachment:
         for r, offset, size, h in done:
             r.handles.append((offset, size, h))
 
+    def _weights_source(self, r: Region, fd: int, size_bytes: int) -> HostBuffer:
+        """The read-only host mapping of `r`'s weight copy, kept between swap-ins.
+
+        A weight copy is written once and never changes while its file exists, so the
+        mapping made for the first restore serves every later one (a CUDA mapper pins
+        host memory once this way); a different file (new inode) replaces it.
+        """
+        info = os.fstat(fd)
+        key = (info.st_dev, info.st_ino, size_bytes)
+        cached = self._weight_sources.get(r.tag)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if cached is not None:
+            self.mapper.unmap_host(cached[1])
+            del self._weight_sources[r.tag]
+        host = self.mapper.map_host(fd, size_bytes, writable=False)
+        self._weight_sources[r.tag] = (key, host)
+        return host
+
+    def _drop_weight_sources(self) -> None:
+        for _, host in self._weight_sources.values():
+            self.mapper.unmap_host(host)
+        self._weight_sources.clear()
+
     def _restore(self, message: Message) -> dict[str, Any]:
+        """Grant access chunk by chunk and copy each host copy in right behind it.
+
+        Access is set per mapping (chunk) and that chunk's copies are queued at once, so
+        the copy streams move chunk i while this thread grants access to chunk i+1 (for
+        the sim mapper, granting access populates the page tables: the two overlap).
+        """
         buffers = []
         events: list[CopyEvent] = []
         result: dict[str, str] = {}
+        streams = self.mapper.stream_count()
+        queued = 0
         try:
             for rd in message.body["regions"]:
                 r = self.regions[rd["tag"]]
+                host: HostBuffer | None = None
                 if rd.get("fresh"):
                     r.restored = False
                     result[r.tag] = "fresh"
-                    continue
-                fd = message.fds[int(rd["fd"])]
-                host = self.mapper.map_host(fd, int(rd["bytes"]), writable=False)
-                buffers.append(host)
-                for n, (off, size) in enumerate(self._pieces(r.reserved_bytes)):
-                    events.append(
-                        self.mapper.copy_to_device(
-                            r.address + off,
-                            host.address + off,
-                            size,
-                            n % self.mapper.stream_count(),
+                elif r.kind is RegionKind.WEIGHTS:
+                    host = self._weights_source(r, message.fds[int(rd["fd"])], int(rd["bytes"]))
+                else:  # a KV copy is rewritten by every swap-out: map it for this copy only
+                    fd = message.fds[int(rd["fd"])]
+                    host = self.mapper.map_host(fd, int(rd["bytes"]), writable=False)
+                    buffers.append(host)
+                for offset, size, _ in sorted(r.handles, key=lambda h: h[0]):
+                    self.mapper.set_access(r.address + offset, size, writable=True)
+                    if host is None:
+                        continue
+                    for off, n in self._pieces(offset, size):
+                        events.append(
+                            self.mapper.copy_to_device(
+                                r.address + off, host.address + off, n, queued % streams
+                            )
                         )
-                    )
-                r.restored = True
-                result[r.tag] = "restored"
+                        queued += 1
+                if host is not None:
+                    r.restored = True
+                    result[r.tag] = "restored"
             for ev in events:
                 ev.wait()
         finally:

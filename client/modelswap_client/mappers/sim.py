@@ -2,6 +2,9 @@
 
 It enforces the CUDA rules of `base` (2 MiB granularity, access set after map, whole
 mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-shaped.
+`map` places a chunk PROT_NONE (an access faults, as before `cuMemSetAccess`);
+`set_access` maps it again at the same address with `MAP_SHARED|MAP_FIXED|MAP_POPULATE`
+and the granted protection, so a swap-in walks the page tables once.
 Pacing (`bandwidth_bytes_per_second`) slows every copy to a link bandwidth below this
 machine's copy ceiling; results measured with it are "scaled", never real link speeds.
 """
@@ -37,6 +40,8 @@ class _Mapping:
     size_bytes: int
     handle_id: int
     access: int  # _libc.PROT_* bits; PROT_NONE until set_access
+    fd: int  # the handle's kept fd (lives until `release`, which needs the range unmapped)
+    offset_bytes: int
 
 
 class _Event(CopyEvent):
@@ -223,17 +228,24 @@ class SimMapper(Mapper):
             self._reservation_of(address, size_bytes)
             if self._overlapping(address, size_bytes):
                 raise MapperError(f"[{address:#x}, +{size_bytes}) is already mapped")
-            flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
-            rw = _libc.PROT_READ | _libc.PROT_WRITE
+            # CUDA maps without access until cuMemSetAccess; so do we: the chunk is in the
+            # process's maps, PROT_NONE, and an access faults. Populating happens when
+            # access is granted (one page-table walk, not map + revoke + grant).
             try:
-                _libc.mmap(address, size_bytes, rw, flags, kept, offset_bytes)
-                # CUDA maps without access until cuMemSetAccess; so do we (the pages stay
-                # populated, the page-table entries only lose their permission bits).
-                _libc.mprotect(address, size_bytes, _libc.PROT_NONE)
+                _libc.mmap(
+                    address,
+                    size_bytes,
+                    _libc.PROT_NONE,
+                    _libc.MAP_SHARED | _libc.MAP_FIXED,
+                    kept,
+                    offset_bytes,
+                )
             except OSError as e:
                 self._cover(address, size_bytes)
                 raise MapperError(f"map at {address:#x} failed: {e}") from e
-            self._mappings[address] = _Mapping(address, size_bytes, handle.handle_id, 0)
+            self._mappings[address] = _Mapping(
+                address, size_bytes, handle.handle_id, 0, kept, offset_bytes
+            )
             bisect.insort(self._starts, address)
 
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
@@ -248,8 +260,17 @@ class SimMapper(Mapper):
                 cursor = m.address + m.size_bytes
             if not covered or cursor != address + size_bytes:
                 raise MapperError("set_access must cover whole, contiguous mappings")
-            _libc.mprotect(address, size_bytes, prot)
             for m in covered:
+                if m.access == prot:
+                    continue
+                if m.access == _libc.PROT_NONE:
+                    # first access: map the chunk again in place, populated, so copies
+                    # never fault (the pool's chunks are zeroed already: this only
+                    # builds page tables)
+                    flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
+                    _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
+                else:
+                    _libc.mprotect(m.address, m.size_bytes, prot)
                 m.access = prot
 
     def _cover(self, address: int, size_bytes: int) -> None:

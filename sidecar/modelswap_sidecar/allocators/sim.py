@@ -1,8 +1,8 @@
 """The `sim` allocator: "HBM" is a pool of pre-populated memfd chunks per simulated GPU.
 
 Each sim GPU has a capacity counter. A background thread keeps the pool filled with
-chunks of `pool_chunk_bytes` whose pages are already allocated (`fallocate`), so a
-client's `MAP_POPULATE` mapping of one only builds page tables. `create` takes a pool
+chunks of `pool_chunk_bytes` whose pages are already allocated AND zeroed, so a client's
+`MAP_POPULATE` mapping of one only builds page tables. `create` takes a pool
 chunk (shrunk with `ftruncate` for a smaller request) or, when the pool is behind, makes
 one synchronously. `release` closes the memfd for good and the refill thread creates a
 fresh one: an inode is never handed to a second model. Invariant per GPU, checked by
@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import mmap
 import os
 import resource
 import stat
@@ -47,10 +48,19 @@ def raise_fd_limit() -> int:
 
 
 def _new_chunk_fd(ordinal: int, size_bytes: int) -> int:
+    """A memfd of `size_bytes` whose every page is allocated and zeroed (pre-populated)."""
     fd = os.memfd_create(f"modelswap-sim-gpu{ordinal}", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size_bytes)
-        os.posix_fallocate(fd, 0, size_bytes)  # allocate (and zero) every page now
+        os.posix_fallocate(fd, 0, size_bytes)  # allocate every page now (ENOSPC here)
+        # fallocate leaves shmem pages "not uptodate": the kernel zeroes each on its first
+        # fault. Left alone, that zeroing (~0.4 s/GiB measured here) would land in the
+        # client's MAP_POPULATE during a swap-in. One populated read mapping faults every
+        # page in once, now, on the pool's background thread.
+        with mmap.mmap(
+            fd, size_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
+        ):
+            pass
     except BaseException:
         os.close(fd)
         raise

@@ -131,14 +131,19 @@ class Engine:
         with self._mut:
             return [m for m in self._models.values() if m.config.gpu == gpu]
 
-    def set_state(self, m: ModelRecord, state: EngineState, reason: str = "") -> None:
+    def set_state(
+        self, m: ModelRecord, state: EngineState, reason: str = "", *, persist: bool = True
+    ) -> None:
+        """Move `m` to `state`; `persist=False` for transient steps whose state file entry
+        recovery would never use (it rebuilds them from what clients readopt)."""
         with self._mut:
             check_transition(m.state, state)
             log.debug("model %s: %s → %s (%s)", m.name, m.state, state, reason)
             m.state = state
             if reason:
                 m.reason = reason
-            self.persist()
+            if persist:
+                self.persist()
 
     def persist(self) -> None:
         with self._mut:

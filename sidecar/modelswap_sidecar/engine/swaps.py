@@ -322,9 +322,9 @@ class Swapper:
                 mapped.append(inst)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
-            if track_states:
-                e.set_state(m, S.MAPPED)
-                e.set_state(m, S.RESTORING)
+            if track_states:  # mid-swap-in states: a restarted agent settles from readopt
+                e.set_state(m, S.MAPPED, persist=False)
+                e.set_state(m, S.RESTORING, persist=False)
             results = self._restore(m, instances)
         except BaseException:
             for lst2 in made.values():
