@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from modelswap_api.control import Revision
-from modelswap_sidecar.control.app import make_app
+from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
+from modelswap_sidecar.control.errors import RevisionStoreError
 from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.revisions import RevisionStore
 from modelswap_sidecar.control.service import ControlService
@@ -417,8 +424,6 @@ def test_the_revision_file_is_json_and_a_corrupt_one_is_refused(tmp_path: Path) 
     assert store.load() == Revision(term=2, counter=9)
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
     (tmp_path / "r.json").write_text("{")
-    from modelswap_sidecar.control.errors import RevisionStoreError
-
     with pytest.raises(RevisionStoreError, match=r"r\.json"):
         store.load()
 
@@ -456,3 +461,75 @@ async def test_a_failed_unload_is_retried_and_a_broken_backend_is_a_500(node: No
         backend.scramble = True
         status, body = await node.put(desired(1, 3, entry("a"), entry("c")))
         assert (status, body["reason"]) == (500, "InternalError")
+
+
+async def _wait_for(condition: Any, deadline_seconds: float = 10.0) -> None:
+    """Yield to the loop until `condition()` holds; fail after the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_seconds
+    while not condition():
+        assert loop.time() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_the_served_app_unloads_on_its_own_timer(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.settings = dataclasses.replace(
+        node.settings, host="127.0.0.1", port=0, unload_check_interval_seconds=0.01
+    )
+    node.service = ControlService(node.backend, node.settings, clock=node.clock)
+    runner = await start(make_app(node.service, TokenFile(node.token_file)))
+    try:
+        host, port = runner.addresses[0][:2]
+        async with aiohttp.ClientSession(headers=AUTH) as session:
+            url = f"http://{host}:{port}/v1/desired"
+            for body in (desired(1, 1, entry("a")), desired(1, 2)):
+                async with session.put(url, json=body) as response:
+                    assert response.status == 200
+        node.clock.now += GRACE
+        await _wait_for(lambda: node.backend.unloaded == ["a"])
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (needs the openssl command)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.asyncio
+async def test_https_with_the_agent_certificate(
+    tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    node = Node(tmp_path)
+    node.settings = dataclasses.replace(
+        node.settings, host="127.0.0.1", port=0, tls_cert_file=cert, tls_key_file=key
+    )
+    node.service = ControlService(node.backend, node.settings, clock=node.clock)
+    runner = await start(make_app(node.service, TokenFile(node.token_file)))
+    try:
+        host, port = runner.addresses[0][:2]
+        trusted = ssl.create_default_context(cafile=str(cert))
+        async with (
+            aiohttp.ClientSession(headers=AUTH) as session,
+            session.get(f"https://{host}:{port}/v1/node", ssl=trusted) as response,
+        ):
+            assert response.status == 200
+            assert (await response.json())["nodeName"] == "node-1"
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            async with aiohttp.ClientSession() as session:
+                await session.get(f"https://{host}:{port}/v1/node")  # not trusted
+    finally:
+        await runner.cleanup()
