@@ -161,6 +161,9 @@ async def test_the_highest_revision_survives_an_agent_restart(node: Node) -> Non
     async with node.served():
         status, body = await node.put(desired(6, 50, entry("a")))
         assert (status, body["reason"]) == (409, "OlderTerm")
+        # What the backend still holds keeps its identity and generation across the restart.
+        status, body = await node.put(desired(7, 4, entry("a", namespace="team-z")))
+        assert outcomes(body) == {"a": ("conflict", "IdentityChanged")}
 
 
 @pytest.mark.asyncio

@@ -71,6 +71,7 @@ class ControlService:
         self._desired: frozenset[str] = frozenset()
         self._unloaded: set[str] = set()
         self._identities: dict[str, _Identity] = {}
+        self._identities_seeded = False
         self._lock = asyncio.Lock()
 
     # --- the desired set -------------------------------------------------------------------
@@ -127,7 +128,19 @@ class ControlService:
             await asyncio.to_thread(self._revisions.save, offered)
             self._revision = offered
 
+    async def _seed_identities(self) -> None:
+        """After a restart, what the backend still holds (readopted models) sets the
+        identities and generations later sets are checked against."""
+        if self._identities_seeded:
+            return
+        for model in await self.backend.models():
+            self._identities.setdefault(
+                model.uid, _Identity(model.namespace, model.name, model.generation or 0)
+            )
+        self._identities_seeded = True
+
     async def _converge(self, entries: Sequence[DesiredEntry]) -> list[EntryResult]:
+        await self._seed_identities()
         decided: dict[str, EntryResult] = {}
         for entry in entries:
             result = self._check_identity(entry)
