@@ -25,7 +25,7 @@ def test_quantities_and_durations_are_parsed_and_names_default() -> None:
     )
     assert model.spec.model.weights_bytes.bytes == 64 << 20
     assert model.spec.swap_policy is not None and model.spec.swap_policy.idle_after is not None
-    assert model.spec.swap_policy.idle_after.seconds == 120
+    assert model.spec.swap_policy.idle_after.seconds == 20
     assert model.model_name == "summarize"  # no spec.model.name: metadata.name
 
 
