@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from tests.support.engine_procs import (
     AgentProc,
+    Background,
     ClientProc,
     Procs,
     memfd_fd_inodes,
@@ -45,7 +45,8 @@ def loaded(
     r = c.ok(cmd="attach", model=model, socket=agent.socket, regions=REGIONS)
     assert not r["restored"]
     hashes = {
-        t: c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"] for i, (t, _, _) in enumerate(REGIONS)
+        str(t): str(c.ok(cmd="fill", tag=t, seed=seed + i)["sha256"])
+        for i, (t, _, _) in enumerate(REGIONS)
     }
     c.ok(cmd="commit")
     return c, hashes
@@ -85,13 +86,12 @@ def test_kill_client_in_each_state_frees_its_memory(procs: Procs, state: str) ->
         hashes = None
     else:
         c, hashes = loaded(procs, agent, "m", 1)
-    swap_out: threading.Thread | None = None
+    swap_out: Background | None = None
     if state == "swapped_out":
         agent.ok(cmd="swap_out", model="m")
     elif state == "draining":
         assert c.ok(cmd="hold")["held"]
-        swap_out = threading.Thread(target=agent.call, kwargs={"cmd": "swap_out", "model": "m"})
-        swap_out.start()
+        swap_out = Background(agent.call, cmd="swap_out", model="m")
         wait_for(lambda: agent_state(agent) == "Draining", what="draining")
     inodes = {ino for *_, ino in memfd_mappings(c.pid)}
     c.kill9()
@@ -117,41 +117,10 @@ def agent_state(agent: AgentProc, model: str = "m") -> str:
     return state
 
 
-def _client(
-    procs: Procs, agent: AgentProc, model: str, seed: int
-) -> tuple[ClientProc, dict[str, str]]:
-    c, h = loaded(procs, agent, model, seed)
-    return c, h
-
-
-@pytest.mark.parametrize("when", ["resident", "swapped_out", "during_swap_out", "during_swap_in"])
-def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
-    models = ["a:0:preserve", "b:0:preserve"]
-    agent = procs.agent(["64M"], models)
-    ca, ha = _client(procs, agent, "a", 1)
-    cb, hb = _client(procs, agent, "b", 50)
-    if when == "swapped_out":
-        agent.ok(cmd="swap_out", model="b")
-    elif when == "during_swap_out":
-        assert cb.ok(cmd="hold")["held"]  # the swap-out of b drains forever
-        threading.Thread(
-            target=agent.call, kwargs={"cmd": "swap_out", "model": "b"}, daemon=True
-        ).start()
-        wait_for(lambda: cb.ok(cmd="state")["state"] == "draining", what="draining")
-    elif when == "during_swap_in":
-        agent.ok(cmd="swap_out", model="b")
-        assert cb.ok(cmd="hash", tag="w")["sha256"] == hb["w"]
-        agent.ok(cmd="swap_out", model="b")
-        # kill the agent while b's swap-in (asked for by in_use) is under way
-        t = threading.Thread(target=cb.call, kwargs={"cmd": "hash", "tag": "w"}, daemon=True)
-        t.start()
-        wait_for(
-            lambda: agent_state(agent, "b") != "SwappedOut" or not t.is_alive(),
-            what="swap-in started",
-        )
-    agent = restart(procs, agent, models)
-    if when == "during_swap_out":
-        cb.ok(cmd="release")
+def readopted_intact(
+    procs: Procs, agent: AgentProc, clients: dict[str, tuple[ClientProc, dict[str, str]]]
+) -> None:
+    """Every client reconnected and readopted; states settled; bytes and HBM exact."""
     wait_for(
         lambda: all(
             s["state"] in ("Resident", "SwappedOut") for s in agent.status()["models"].values()
@@ -159,50 +128,119 @@ def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
         what="settled",
     )
     wait_for(
-        lambda: sum(s["instances"] for s in agent.status()["models"].values()) == 2,
-        what="both clients reconnected",
+        lambda: sum(s["instances"] for s in agent.status()["models"].values()) == len(clients),
+        what="every client reconnected",
     )
-    if when == "during_swap_in":
-        t.join(timeout=30)
-    # readopted: resident models were not copied again; their bytes are intact
+    live = [c for c, _ in clients.values()]
+    assert_accounting(agent, live)
+    for c, hashes in clients.values():
+        for tag, digest in hashes.items():
+            assert c.ok(cmd="hash", tag=tag)["sha256"] == digest, tag
+    assert_accounting(agent, live)
+    assert not list((procs.workdir / "store").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("when", ["resident", "swapped_out", "draining"])
+def test_agent_killed_alone_clients_readopt(procs: Procs, when: str) -> None:
+    models = ["a:0:preserve", "b:0:preserve"]
+    agent = procs.agent(["64M"], models)
+    ca, ha = loaded(procs, agent, "a", 1)
+    cb, hb = loaded(procs, agent, "b", 50)
+    if when == "swapped_out":
+        agent.ok(cmd="swap_out", model="b")
+    elif when == "draining":
+        assert cb.ok(cmd="hold")["held"]  # the swap-out of b drains until released
+        Background(agent.call, cmd="swap_out", model="b")
+        wait_for(lambda: cb.ok(cmd="state")["state"] == "draining", what="draining")
+    agent = restart(procs, agent, models)
+    if when == "draining":
+        cb.ok(cmd="release")
+    readopted_intact(procs, agent, {"a": (ca, ha), "b": (cb, hb)})
+    # readopted: the resident model was not copied again
     assert agent.status()["models"]["a"]["state"] == "Resident"
     assert agent.status()["models"]["a"]["swap_ins"] == 0
-    assert_accounting(agent, [ca, cb])
-    assert ca.ok(cmd="hash", tag="w")["sha256"] == ha["w"]
-    assert ca.ok(cmd="hash", tag="kv")["sha256"] == ha["kv"]
-    assert cb.ok(cmd="hash", tag="w")["sha256"] == hb["w"]
-    assert cb.ok(cmd="hash", tag="kv")["sha256"] == hb["kv"]
-    assert_accounting(agent, [ca, cb])
     agent.ok(cmd="swap_out", model="a")
     assert memfd_mappings(ca.pid) == []
     assert_accounting(agent, [ca, cb])
 
 
-def test_agent_killed_during_host_store_write_loses_nothing(procs: Procs) -> None:
+@pytest.mark.parametrize(
+    "checkpoint",
+    [
+        "swap_out.quiesced",
+        "swap_out.kv_saved",
+        "swap_out.unmapped",
+        "swap_in.allocated",
+        "swap_in.mapped",
+    ],
+)
+def test_agent_killed_mid_swap_clients_readopt(procs: Procs, checkpoint: str) -> None:
+    """The agent stops exactly at `checkpoint` (no timing) and is killed there."""
+    models = ["a:0:preserve", "b:0:preserve"]
+    agent = procs.agent(["64M"], models, ["--pause-at", checkpoint])
+    ca, ha = loaded(procs, agent, "a", 1)
+    cb, hb = loaded(procs, agent, "b", 50)
+    if checkpoint.startswith("swap_out"):
+        op = Background(agent.call, cmd="swap_out", model="b")
+    else:
+        agent.ok(cmd="swap_out", model="b")
+        op = Background(cb.call, cmd="hash", tag="w")  # in_use() asks for the swap-in
+    agent.wait_paused(checkpoint)
+    agent = restart(procs, agent, models)
+    if checkpoint.startswith("swap_in"):
+        # the client rolled its half-done swap-in back and asked the new agent again
+        assert op.join()["sha256"] == hb["w"]
+    readopted_intact(procs, agent, {"a": (ca, ha), "b": (cb, hb)})
+    assert agent.status()["models"]["a"]["swap_ins"] == 0
+
+
+@pytest.mark.parametrize("checkpoint", ["commit.saved", "commit.renamed"])
+def test_agent_killed_during_host_store_write_loses_nothing(procs: Procs, checkpoint: str) -> None:
     models = ["m:0:preserve"]
-    agent = procs.agent(["64M"], models)
+    agent = procs.agent(["64M"], models, ["--pause-at", checkpoint])
     c = procs.client(agent, "m")
     c.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
     h = c.ok(cmd="fill", tag="w", seed=9)["sha256"]
-    # the commit's save is in flight when the agent dies; the client retries after readopt
-    t = threading.Thread(target=c.call, kwargs={"cmd": "commit"}, daemon=True)
-    t.start()
+    commit = Background(c.call, cmd="commit")
+    agent.wait_paused(checkpoint)  # the weight file is written (and renamed, for the 2nd)
     agent = restart(procs, agent, models)
-    t.join(timeout=60)
-    wait_for(lambda: agent_state(agent) in ("Resident", "Loading"), what="settled")
-    c.ok(cmd="commit")
+    # the client's commit survives the agent: it is retried against the new agent
+    assert commit.join()["ok"] is True
     assert agent_state(agent) == "Resident"
-    assert not list((procs.workdir / "store").rglob("*.tmp"))
+    store = procs.workdir / "store"
+    assert not list(store.rglob("*.tmp"))
+    # exactly one weight copy and one accounting of it: nothing orphaned by the crash
+    weights = list(store.rglob("*.weights"))
+    assert len(weights) == 1
+    assert agent.status()["gpus"][0]["host_store_bytes"] == weights[0].stat().st_size
     agent.ok(cmd="swap_out", model="m")
     assert c.ok(cmd="hash", tag="w")["sha256"] == h
     assert_accounting(agent, [c])
 
 
+def test_copy_renamed_but_never_recorded_is_removed_at_restart(procs: Procs) -> None:
+    """Agent and client die between a weight file's rename and the state file's rewrite."""
+    agent = procs.agent(["64M"], ["m:0"], ["--pause-at", "commit.renamed"])
+    c = procs.client(agent, "m")
+    c.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
+    Background(c.call, cmd="commit")
+    agent.wait_paused("commit.renamed")
+    store = procs.workdir / "store"
+    assert len(list(store.rglob("*.weights"))) == 1
+    agent.kill9()
+    c.kill9()
+    agent = procs.agent(["64M"], ["m:0"], ["--grace", "0.5"])
+    wait_for(lambda: agent_state(agent) == "Loading", what="recovered")
+    # the file no state names is gone, not left unaccounted in host memory
+    assert list(store.rglob("*.weights")) == []
+    assert agent.status()["gpus"][0]["host_store_bytes"] == 0
+
+
 def test_agent_and_clients_killed_restore_from_host_store(procs: Procs) -> None:
     models = ["a:0:preserve", "b:0:preserve"]
     agent = procs.agent(["64M"], models)
-    ca, ha = _client(procs, agent, "a", 1)
-    cb, hb = _client(procs, agent, "b", 2)
+    ca, ha = loaded(procs, agent, "a", 1)
+    cb, hb = loaded(procs, agent, "b", 2)
     agent.ok(cmd="swap_out", model="b")  # b's KV is in the host store, a's only in HBM
     agent.kill9()
     ca.kill9()

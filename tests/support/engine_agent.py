@@ -6,6 +6,11 @@
 The engine serves clients on `--socket`; a test drives it over `--control` (a Unix
 stream socket, one JSON object per line each way): vouch, swap_out, swap_in, status.
 Vouching is exactly what the test registers (`RegisteredVoucher`).
+
+Fault injection (test-only): `--pause-at NAME` (repeatable; names from
+`engine.core.CHECKPOINTS`) makes the engine stop at that checkpoint: the agent prints
+`paused NAME` on stdout and blocks that operation forever, so a test kills it exactly
+there instead of racing a timer.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from modelswap_api.wire import KvMode
 from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.allocators.sim import SimAllocator
-from modelswap_sidecar.engine.core import Engine, EngineSettings, as_dict
+from modelswap_sidecar.engine.core import CHECKPOINTS, Engine, EngineSettings, as_dict
 from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig
@@ -93,6 +99,21 @@ def serve_control(
         threading.Thread(target=session, args=(conn,), daemon=True).start()
 
 
+def pausing_checkpoint(names: set[str]) -> Callable[[str], None]:
+    """A checkpoint that announces itself on stdout and never returns at `names`."""
+    unknown = names - set(CHECKPOINTS)
+    if unknown:
+        raise SystemExit(f"unknown checkpoints {sorted(unknown)}; known: {CHECKPOINTS}")
+    forever = threading.Event()
+
+    def checkpoint(name: str) -> None:
+        if name in names:
+            print(f"paused {name}", flush=True)
+            forever.wait()  # until the test kills this process
+
+    return checkpoint
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--socket", required=True)
@@ -104,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", default=[], help="name:gpu[:kv mode]")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(name)s: %(message)s")
     harden_process()
@@ -118,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = EngineSettings(
         readopt_grace_seconds=args.grace, drain_timeout_seconds=args.drain_timeout
     )
-    engine = Engine(allocator, store, voucher, settings)
+    engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()
     for spec in args.model:
         name, gpu, *rest = spec.split(":")

@@ -9,10 +9,12 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,14 @@ class AgentProc(Proc):
         line = self.popen.stdout.readline()
         assert line.strip() == "ready", f"agent did not start: {line!r}"
 
+    def wait_paused(self, checkpoint: str, timeout: float = 30.0) -> None:
+        """Block until the agent (started with `--pause-at`) stopped at `checkpoint`."""
+        assert self.popen.stdout is not None
+        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        assert ready, f"agent did not reach {checkpoint} in {timeout} s"
+        line = self.popen.stdout.readline().strip()
+        assert line == f"paused {checkpoint}", f"agent said {line!r}"
+
     def call(self, **cmd: Any) -> dict[str, Any]:
         """One control command on its own connection (so calls may run concurrently)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -131,6 +141,33 @@ class AgentProc(Proc):
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.ok(cmd="status")["status"]
         return status
+
+
+class Background:
+    """A call run on a thread whose outcome (result or exception) the test reads later.
+
+    For calls a killed agent interrupts: the exception is kept, never left unhandled.
+    """
+
+    def __init__(self, fn: Any, **kwargs: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, kwargs), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any, kwargs: dict[str, Any]) -> None:
+        try:
+            self.result = fn(**kwargs)
+        except BaseException as e:
+            self.error = e
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float = 60.0) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "background call still running"
+        return self.result
 
 
 class Procs:

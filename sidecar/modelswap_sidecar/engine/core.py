@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,20 @@ from modelswap_sidecar.engine.vouching import Voucher
 log = logging.getLogger(__name__)
 S = EngineState
 
+#: Where the engine calls `checkpoint`: after each step that leaves something for a crash
+#: to find (a fault test kills the agent there).
+CHECKPOINTS = (
+    "commit.saved",  # the client wrote the weights into staging files; nothing renamed
+    "commit.renamed",  # weight files in place; the state file does not name them yet
+    "swap_out.quiesced",  # every instance drained; nothing saved or unmapped
+    "swap_out.kv_saved",  # preserved KV written into staging files; nothing renamed
+    "swap_out.unmapped",  # every client unmapped; chunks not yet released
+    "swap_in.allocated",  # chunks created and exported; nothing sent to clients
+    "swap_in.mapped",  # clients mapped the chunks; nothing restored
+    "attach.allocated",  # the same two steps when a client attaches to a resident model
+    "attach.mapped",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
@@ -76,18 +91,28 @@ class ModelStatus:
     reason: str
 
 
+def _no_checkpoint(name: str) -> None:
+    """The default `checkpoint`: nothing."""
+
+
 class Engine:
+    """`checkpoint(name)` is called at named points inside operations (see CHECKPOINTS);
+    fault tests pass one that pauses there, so an agent can be killed exactly mid-operation.
+    """
+
     def __init__(
         self,
         allocator: Allocator,
         store: HostStore,
         voucher: Voucher,
         settings: EngineSettings | None = None,
+        checkpoint: Callable[[str], None] = _no_checkpoint,
     ) -> None:
         self.allocator = allocator
         self.store = store
         self.voucher = voucher
         self.settings = settings or EngineSettings()
+        self.checkpoint = checkpoint
         self.budgets: dict[int, HbmBudget] = {}
         for loc in allocator.locations():
             info = allocator.memory_info(loc)
@@ -329,9 +354,12 @@ class Engine:
                 for _, st in stagings:
                     self.store.abort(st)
                 raise
+            self.checkpoint("commit.saved")
+            committed = [(r, self.store.commit(st)) for r, st in stagings]
+            self.checkpoint("commit.renamed")
             with self._mut:
-                for r, st in stagings:
-                    r.weights_file = self.store.commit(st)
+                for r, stored in committed:
+                    r.weights_file = stored
                 inst.committed = True
                 if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
                     self.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
@@ -376,9 +404,19 @@ class Engine:
     def recover(self) -> None:
         """Load the state file after a restart; clients then have a grace period to readopt."""
         doc = self.store.read_state()
+        models = from_doc(doc) if doc is not None else {}
+        named = {
+            f.relpath
+            for m in models.values()
+            for i in m.instances.values()
+            for r in i.regions.values()
+            for f in (r.weights_file, r.kv_file)
+            if f is not None
+        }
+        for rel in self.store.remove_unnamed(named):
+            log.info("host store: removed %s, which the state file does not name", rel)
         if doc is None:
             return
-        models = from_doc(doc)
         awaiting = False
         for m in models.values():
             for inst in m.instances.values():

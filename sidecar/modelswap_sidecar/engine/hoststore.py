@@ -10,8 +10,9 @@ A copy is written into a staging file (the writer gets a writable fd), then `com
 renames it into place; the engine rewrites the state file only after that, so the state
 file never names bytes that are not all there. Clients get only read-only fds of committed
 weight copies (`open_readonly`): a writable mapping of one fails. Staging files left by a
-crash are removed at start. Bytes are accounted per GPU against a capacity; a staging file
-that would exceed it is refused with `HostStoreFull`.
+crash are removed at start, and so are copies the state file does not name (renamed into
+place just before a crash, never recorded). Bytes are accounted per GPU against a
+capacity; a staging file that would exceed it is refused with `HostStoreFull`.
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ class HostStore:
         with self._lock:
             self._used[stored.gpu] = self._used.get(stored.gpu, 0) + size
         return True
+
+    def remove_unnamed(self, named: set[str]) -> list[str]:
+        """Delete copies the state file does not name (a crash between a file's rename and
+        the state file's rewrite leaves one); returns their relative paths."""
+        removed = []
+        for path in self.root.glob("gpu*/**/*"):
+            rel = str(path.relative_to(self.root))
+            if path.is_file() and rel not in named:
+                path.unlink()
+                removed.append(rel)
+        return removed
 
     # -- files ---------------------------------------------------------------------------
 

@@ -193,6 +193,7 @@ class Swapper:
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
             e.set_state(m, S.QUIESCED)
+            e.checkpoint("swap_out.quiesced")
             kv_regions = [
                 (i, r) for i in live for r in i.regions.values() if r.kind is RegionKind.KV
             ]
@@ -213,6 +214,7 @@ class Swapper:
                 self._drop_gone(m, failed)
                 if failed:
                     raise ClientFailed("; ".join(why for _, why in failed))
+                e.checkpoint("swap_out.kv_saved")
                 for r, st in stagings:
                     old = r.kv_file
                     r.kv_file = e.store.commit(st)
@@ -241,6 +243,7 @@ class Swapper:
             e, m, live, Op.UNMAP, bodies={i.name: {"kv_discarded": discarded} for i in live}
         )
         e.set_state(m, S.UNMAPPED)
+        e.checkpoint("swap_out.unmapped")
         for inst in ok:
             self.release_instance(m, inst)
         for inst, why in failed:  # a client that cannot unmap is cut off, its chunks released
@@ -309,6 +312,7 @@ class Swapper:
                         offset += c.size_bytes
                     regions_doc.append({"tag": r.tag, "chunks": chunk_docs})
                 bodies[inst.name] = {"regions": regions_doc}
+            e.checkpoint("swap_in.allocated" if track_states else "attach.allocated")
             try:
                 ok, failed = _broadcast(e, m, instances, Op.MAP, bodies=bodies, fds=fds)
             finally:
@@ -322,6 +326,7 @@ class Swapper:
                 mapped.append(inst)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
+            e.checkpoint("swap_in.mapped" if track_states else "attach.mapped")
             if track_states:  # mid-swap-in states: a restarted agent settles from readopt
                 e.set_state(m, S.MAPPED, persist=False)
                 e.set_state(m, S.RESTORING, persist=False)
