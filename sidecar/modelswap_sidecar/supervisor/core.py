@@ -106,6 +106,7 @@ class Supervisor:
         self._stopping = False
         self._gave_up: str | None = None
         self._ran = False
+        self._finished = False
 
     # Reading it (any thread) ------------------------------------------------------------
 
@@ -140,7 +141,9 @@ class Supervisor:
 
         Safe from any thread and from signal handlers.
         """
-        with contextlib.suppress(BlockingIOError):
+        if self._finished:
+            return
+        with contextlib.suppress(BlockingIOError):  # full: the loop has wakeups pending
             os.write(self._wake_w, bytes([sig]))
 
     def request_stop(self) -> None:
@@ -169,9 +172,16 @@ class Supervisor:
                 finally:
                     self._shutdown()
         finally:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._finished = True
         return code
+
+    def __del__(self) -> None:
+        # Not closed when `run` returns: a late `deliver` from another thread must not
+        # write to a file descriptor number that was reused meanwhile.
+        for fd in (getattr(self, "_wake_r", None), getattr(self, "_wake_w", None)):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     @contextlib.contextmanager
     def _signal_handling(self, install: bool) -> Iterator[None]:

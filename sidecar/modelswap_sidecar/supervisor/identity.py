@@ -179,11 +179,11 @@ def plan_identities(
 
 
 def child_environment(base: dict[str, str], run_as: RunAs | None) -> dict[str, str]:
-    """`base` with HOME, USER and LOGNAME of the user switched to (when it has them)."""
+    """`base` with HOME, USER and LOGNAME of the user switched to (HOME `/` and no USER for
+    a uid without a passwd entry: root's values must not follow it)."""
     env = dict(base)
     if run_as is not None:
-        if run_as.home:
-            env["HOME"] = run_as.home
+        env["HOME"] = run_as.home or "/"
         if run_as.name:
             env["USER"] = env["LOGNAME"] = run_as.name
         else:

@@ -257,7 +257,10 @@ def build_settings(
     try:
         restart = RestartPolicy(**restart_values)
     except ValueError as e:
-        raise SettingsError(f"restart: {e}") from e
+        message = str(e)
+        for f in dataclasses.fields(RestartPolicy):  # the file's names, not Python's
+            message = message.replace(f.name, codec.camel(f.name))
+        raise SettingsError(f"restart: {message}") from e
 
     stop_grace = _first(flags.stop_grace_seconds, raw.stop_grace_seconds, 15.0)
     if stop_grace < 0:
