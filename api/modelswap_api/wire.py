@@ -59,6 +59,8 @@ class ErrorCode(enum.StrEnum):
     CLIENT_GONE = "ClientGone"
     ROLLED_BACK = "RolledBack"
     WRONG_STATE = "WrongState"
+    MODEL_FAILED = "ModelFailed"
+    REMOVED = "Removed"
 
 
 class Op(enum.StrEnum):
@@ -72,10 +74,11 @@ class Op(enum.StrEnum):
     # agent → client
     QUIESCE = "quiesce"  # drain in_use(), synchronize, run swap-out handlers
     SAVE = "save"  # {regions: [{tag, fd, bytes}]} copy device → host file fds (writable)
-    UNMAP = "unmap"  # {kv_discarded: bool} unmap every region, drop handles
+    UNMAP = "unmap"  # {kv_discarded, dropped: bool} unmap every region, drop handles
     MAP = "map"  # {regions: [{tag, chunks: [{offset, bytes, fd}]}]}
     RESTORE = "restore"  # {regions: [{tag, fd, bytes} | {tag, fresh: true}]}
     RESUME = "resume"  # swap-out rolled back, or swap-in finished: {state}
+    REMOVED = "removed"  # the model was deleted: unmap everything, detach for good
     # both
     REPLY = "reply"
     FDS = "fds"  # continuation packet carrying more fds of the previous message
@@ -90,6 +93,13 @@ class RegionKind(enum.StrEnum):
 class KvMode(enum.StrEnum):
     DISCARD = "discard"
     PRESERVE = "preserve"
+
+
+class SwapOutMode(enum.StrEnum):
+    """`swapPolicy.onSwapOut`: keep the weights in the host store, or unload (drop) them."""
+
+    HOST = "host"
+    DROP = "drop"
 
 
 class ProtocolError(Exception):

@@ -79,6 +79,7 @@ class ClientState(enum.StrEnum):
     QUIESCED = "quiesced"
     SWAPPED_OUT = "swapped_out"
     MAPPED = "mapped"  # swap-in: mapped, not yet restored
+    REMOVED = "removed"  # the model was deleted: nothing mapped, never again
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,9 @@ class Attachment:
         self.restored = False
         self.committed = False
         self.kv_discarded = False
+        #: the last swap-out dropped the model (onSwapOut: drop): the next swap-in maps
+        #: fresh memory and the runtime reloads from the source (see `restored`)
+        self.dropped = False
         self.epoch = 0
         self._state = ClientState.DETACHED
         self._cond = threading.Condition()
@@ -189,6 +193,8 @@ class Attachment:
         deadline = time.monotonic() + (timeout_seconds or self.timeout_seconds)
         with self._cond:
             while True:
+                if self._state is ClientState.REMOVED:
+                    raise ClientError(f"{self.model} was removed", ErrorCode.REMOVED)
                 if self._state is ClientState.RESIDENT and self._drain_token is None:
                     self._in_use += 1
                     break
@@ -375,7 +381,19 @@ class Attachment:
                     self.mapper.synchronize()
                     self._unmap_all()
                     self.kv_discarded = bool(message.body.get("kv_discarded"))
+                    if message.body.get("dropped"):
+                        self.dropped = True
+                        self.restored = self.committed = False
+                        self._drop_weight_sources()  # the host copies are deleted
                     self._set_state(ClientState.SWAPPED_OUT)
+            elif message.op is Op.REMOVED:
+                with self._op_lock:
+                    self.mapper.synchronize()
+                    self._unmap_all()
+                    self._drop_weight_sources()
+                    with self._cond:
+                        self._closing = True  # the agent closes the socket: no reconnect
+                    self._set_state(ClientState.REMOVED)
             elif message.op is Op.MAP:
                 with self._op_lock:
                     self._map(message)
@@ -550,6 +568,8 @@ class Attachment:
                 if host is not None:
                     r.restored = True
                     result[r.tag] = "restored"
+                elif r.kind is RegionKind.WEIGHTS:  # reloaded after a drop or failure
+                    self.restored = self.committed = False
             for ev in events:
                 ev.wait()
         finally:
@@ -558,6 +578,7 @@ class Attachment:
                 self.mapper.unmap_host(b)
             message.close_fds()
         was_out = self.state is ClientState.MAPPED
+        self.dropped = False
         self._set_state(ClientState.RESIDENT)
         if was_out:
             for h in self._on_swap_in:

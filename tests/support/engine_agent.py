@@ -1,10 +1,11 @@
 """A stand-alone engine process for integration tests and the benchmark.
 
     python -m tests.support.engine_agent --socket S --control C --store DIR \
-        --gpu-bytes 128M --gpu-bytes 128M --model a:0:preserve --model b:1:discard
+        --gpu-bytes 128M --gpu-bytes 128M --model a:0:preserve --model b:1:discard:drop
 
 The engine serves clients on `--socket`; a test drives it over `--control` (a Unix
-stream socket, one JSON object per line each way): vouch, swap_out, swap_in, status.
+stream socket, one JSON object per line each way): vouch, swap_out, swap_in, remove,
+status, pool_full.
 Vouching is exactly what the test registers (`RegisteredVoucher`).
 
 Fault injection (test-only): `--pause-at NAME` (repeatable; names from
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modelswap_api.wire import KvMode
+from modelswap_api.wire import KvMode, SwapOutMode
 from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.engine.core import CHECKPOINTS, Engine, EngineSettings, as_dict
@@ -85,6 +86,8 @@ def serve_control(
                         engine.swap_out(cmd["model"])
                     elif op == "swap_in":
                         engine.swap_in(cmd["model"])
+                    elif op == "remove":
+                        engine.remove_model(cmd["model"])
                     elif op == "status":
                         out["status"] = status_doc(engine, allocator)
                     elif op == "pool_full":
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-bytes", action="append", required=True)
     p.add_argument("--store-bytes", default="4G", help="host store capacity per GPU")
     p.add_argument("--pool-chunk-bytes", default="32M")
-    p.add_argument("--model", action="append", default=[], help="name:gpu[:kv mode]")
+    p.add_argument("--model", action="append", default=[], help="name:gpu[:kv mode[:onSwapOut]]")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
@@ -144,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     engine.recover()
     for spec in args.model:
         name, gpu, *rest = spec.split(":")
-        engine.add_model(ModelConfig(name, int(gpu), KvMode(rest[0]) if rest else KvMode.DISCARD))
+        kv = KvMode(rest[0]) if rest else KvMode.DISCARD
+        on_swap_out = SwapOutMode(rest[1]) if len(rest) > 1 else SwapOutMode.HOST
+        engine.add_model(ModelConfig(name, int(gpu), kv, on_swap_out=on_swap_out))
     server = EngineServer(engine, Path(args.socket))
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

@@ -84,6 +84,9 @@ def main() -> int:
                 answer["state"] = str(att.state)
                 answer["kv_discarded"] = att.kv_discarded
                 answer["epoch"] = att.epoch
+                answer["dropped"] = att.dropped
+                answer["restored"] = att.restored
+                answer["committed"] = att.committed
             elif op == "hold":
                 hold_entered.clear()
                 hold_release.clear()

@@ -44,3 +44,16 @@ def test_swap_cycle_is_a_legal_path() -> None:
         assert EngineState(b) in TRANSITIONS[EngineState(a)], (a, b)
     assert EngineState.SWAPPED_OUT in TRANSITIONS[EngineState.RESTORING]  # rollback
     assert EngineState.RESIDENT in TRANSITIONS[EngineState.SAVING]  # rollback
+
+
+def test_drop_failure_and_removal_paths_are_legal() -> None:
+    s = EngineState
+    drop = [s.RESIDENT, s.DRAINING, s.QUIESCED, s.UNMAPPED, s.DROPPED, s.LOADING, s.RESIDENT]
+    for a, b in itertools.pairwise(drop):
+        assert b in TRANSITIONS[a], (a, b)
+    for mid_swap_in in (s.ALLOCATING, s.MAPPED, s.RESTORING):
+        assert s.FAILED in TRANSITIONS[mid_swap_in]
+    assert s.LOADING in TRANSITIONS[s.FAILED]  # reload from the source
+    for settled in (s.LOADING, s.RESIDENT, s.SWAPPED_OUT, s.DROPPED, s.FAILED):
+        assert s.DELETING in TRANSITIONS[settled]
+    assert TRANSITIONS[s.DELETING] == frozenset()

@@ -221,6 +221,33 @@ class Engine:
         with self._gpu_locks[m.config.gpu], m.lock:
             self.swapper.swap_in_locked(m)
 
+    def remove_model(self, name: str) -> None:
+        """DELETING: every client is told (it unmaps and detaches for good), every chunk is
+        released, every host-store copy deleted, and the model forgotten."""
+        m = self.model(name)
+        with m.lock:
+            if m.state is not S.DELETING:
+                self.set_state(m, S.DELETING, "removed")
+            live = m.live_instances()
+            _ok, failed = self.swapper.broadcast(m, live, Op.REMOVED)
+            for _inst, why in failed:
+                log.warning("model %s: %s; disconnecting it", m.name, why)
+            for inst in m.instances.values():
+                if inst.mapped:
+                    self.swapper.release_instance(m, inst)
+            self.swapper.discard_host_copies(m)
+            with self._mut:
+                for inst in m.instances.values():
+                    if inst.peer is not None:
+                        self._peers.pop(id(inst.peer), None)
+                        self.budgets[m.config.gpu].process_detached()
+                del self._models[m.name]
+                self.persist()
+            for inst in live:
+                if inst.peer is not None:
+                    inst.peer.close()
+        log.info("model %s removed", name)
+
     def touch(self, name: str) -> None:
         self.model(name).last_used = time.monotonic()
 
@@ -308,6 +335,8 @@ class Engine:
             restored = inst.committed
             if m.state is S.SWAPPED_OUT:
                 self.swapper.swap_in_locked(m)
+            elif m.state in (S.DROPPED, S.FAILED):
+                self.swapper.reload_locked(m)
             elif m.state in (S.RESIDENT, S.LOADING):
                 self.swapper.bring_in(m, [inst], track_states=False)
                 m.last_used = time.monotonic()
@@ -430,6 +459,11 @@ class Engine:
                     inst.mapped = False
                     inst.awaiting_readopt = True
                     awaiting = True
+        for m in [m for m in models.values() if m.state is S.DELETING]:
+            # the agent died while removing it: finish (no client maps it any more, or
+            # its clients are told when they readopt and find no model)
+            self.swapper.discard_host_copies(m)
+            del models[m.name]
         with self._mut:
             self._models = models
             for m in models.values():
@@ -465,6 +499,8 @@ class Engine:
         mapped = [i for i in m.instances.values() if i.mapped]
         unmapped_live = [i for i in m.live_instances() if not i.mapped]
         complete = bool(m.instances) and all(i.committed for i in m.instances.values())
+        if not mapped and m.state in (S.DROPPED, S.FAILED):
+            return  # nothing held either way; a swap-in reloads it
         if mapped:
             m.state = S.RESIDENT if all(i.committed for i in mapped) else S.LOADING
             if unmapped_live and m.state is S.RESIDENT:

@@ -9,7 +9,9 @@ control API report.
     ├── WrongState        the operation is not valid in the model's current state
     ├── ClientFailed      a client answered with an error, timed out or went away
     │                     (the operation was rolled back)
-    └── ProtocolViolation a malformed request
+    ├── ProtocolViolation a malformed request
+    └── ModelFailed       an unrecoverable error put the model in FAILED (e.g. its host
+                          copy is gone); the reason is in its status
 """
 
 from __future__ import annotations
@@ -47,3 +49,7 @@ class ClientFailed(EngineError):  # noqa: N818
 
 class ProtocolViolation(EngineError):  # noqa: N818
     code = ErrorCode.PROTOCOL
+
+
+class ModelFailed(EngineError):  # noqa: N818
+    code = ErrorCode.MODEL_FAILED

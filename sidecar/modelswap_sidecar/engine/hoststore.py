@@ -155,10 +155,9 @@ class HostStore:
         return os.open(self.root / stored.relpath, os.O_RDONLY | os.O_CLOEXEC)
 
     def delete(self, stored: StoredFile) -> None:
-        try:
-            (self.root / stored.relpath).unlink()
-        except FileNotFoundError:
-            return
+        """Delete a committed copy and credit its bytes (also when the file is already gone:
+        it was charged; callers forget the `StoredFile` afterwards)."""
+        (self.root / stored.relpath).unlink(missing_ok=True)
         self._credit(stored.gpu, stored.size_bytes)
 
     def path_of(self, stored: StoredFile) -> Path:

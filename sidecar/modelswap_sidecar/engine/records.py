@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelswap_api.wire import KvMode, Peer, RegionKind
+from modelswap_api.wire import KvMode, Peer, RegionKind, SwapOutMode
 from modelswap_sidecar.allocators.base import Chunk
 from modelswap_sidecar.engine.hoststore import StoredFile
 from modelswap_sidecar.engine.states import EngineState
@@ -26,6 +26,11 @@ class ModelConfig:
     kv_mode: KvMode = KvMode.DISCARD
     pinned: bool = False
     priority: int = 0
+    on_swap_out: SwapOutMode = SwapOutMode.HOST
+    #: tiered KV pool (`kvCache`): sequences longer than this get host-tier blocks (None:
+    #: no host tier); the host tier holds at most `kv_host_bytes`, in host-store files
+    kv_offload_after_tokens: int | None = None
+    kv_host_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -108,6 +113,9 @@ def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
                 "kv_mode": str(m.config.kv_mode),
                 "pinned": m.config.pinned,
                 "priority": m.config.priority,
+                "on_swap_out": str(m.config.on_swap_out),
+                "kv_offload_after_tokens": m.config.kv_offload_after_tokens,
+                "kv_host_bytes": m.config.kv_host_bytes,
             },
             "state": str(m.state),
             "epoch": m.epoch,
@@ -141,8 +149,16 @@ def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
     models: dict[str, ModelRecord] = {}
     for name, md in doc.get("models", {}).items():
         c = md["config"]
+        offload = c.get("kv_offload_after_tokens")
         config = ModelConfig(
-            name, int(c["gpu"]), KvMode(c["kv_mode"]), bool(c["pinned"]), int(c["priority"])
+            name,
+            int(c["gpu"]),
+            KvMode(c["kv_mode"]),
+            bool(c["pinned"]),
+            int(c["priority"]),
+            SwapOutMode(c.get("on_swap_out", SwapOutMode.HOST)),
+            None if offload is None else int(offload),
+            int(c.get("kv_host_bytes", 0)),
         )
         m = ModelRecord(config, EngineState(md["state"]), int(md["epoch"]))
         m.swap_ins = int(md.get("swap_ins", 0))

@@ -3,7 +3,10 @@ maps each to the ModelDeployment phase and conditions the operator reports.
 
     LOADING → RESIDENT → DRAINING → QUIESCED → SAVING → UNMAPPED → SWAPPED_OUT
     SWAPPED_OUT → ALLOCATING → MAPPED → RESTORING → RESIDENT
-    plus DROPPED, FAILED, DELETING; any step of a swap rolls back to where it started.
+    plus DROPPED (onSwapOut: drop: UNMAPPED → DROPPED, host copy discarded; a later
+    swap-in reloads: DROPPED → LOADING), FAILED (an unrecoverable error, with a reason;
+    FAILED → LOADING reloads from the source) and DELETING (remove_model; the record goes
+    away when it finishes). Any step of a swap rolls back to where it started.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ TRANSITIONS: dict[EngineState, frozenset[EngineState]] = {
     S.DRAINING: frozenset({S.QUIESCED, S.RESIDENT, S.SWAPPED_OUT, S.LOADING}),
     S.QUIESCED: frozenset({S.SAVING, S.UNMAPPED, S.RESIDENT, S.SWAPPED_OUT, S.LOADING}),
     S.SAVING: frozenset({S.UNMAPPED, S.RESIDENT, S.SWAPPED_OUT, S.LOADING}),
-    S.UNMAPPED: frozenset({S.SWAPPED_OUT}),
-    S.SWAPPED_OUT: frozenset({S.ALLOCATING, S.DELETING, S.DROPPED, S.SWAPPED_OUT}),
-    S.ALLOCATING: frozenset({S.MAPPED, S.SWAPPED_OUT}),
-    S.MAPPED: frozenset({S.RESTORING, S.SWAPPED_OUT}),
-    S.RESTORING: frozenset({S.RESIDENT, S.SWAPPED_OUT}),
+    S.UNMAPPED: frozenset({S.SWAPPED_OUT, S.DROPPED}),
+    S.SWAPPED_OUT: frozenset({S.ALLOCATING, S.DELETING, S.DROPPED, S.SWAPPED_OUT, S.FAILED}),
+    S.ALLOCATING: frozenset({S.MAPPED, S.SWAPPED_OUT, S.FAILED}),
+    S.MAPPED: frozenset({S.RESTORING, S.SWAPPED_OUT, S.FAILED}),
+    S.RESTORING: frozenset({S.RESIDENT, S.SWAPPED_OUT, S.FAILED}),
     S.DROPPED: frozenset({S.LOADING, S.DELETING}),
     S.FAILED: frozenset({S.LOADING, S.DELETING}),
     S.DELETING: frozenset(),

@@ -18,9 +18,23 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from modelswap_api.wire import ConnectionLost, KvMode, Op, PendingReply, RegionKind, RemoteError
+from modelswap_api.wire import (
+    ConnectionLost,
+    KvMode,
+    Op,
+    PendingReply,
+    RegionKind,
+    RemoteError,
+    SwapOutMode,
+)
 from modelswap_sidecar.allocators.base import Chunk, Location, OutOfDeviceMemory
-from modelswap_sidecar.engine.errors import ClientFailed, NoCapacity, WrongState
+from modelswap_sidecar.engine.errors import (
+    ClientFailed,
+    EngineError,
+    ModelFailed,
+    NoCapacity,
+    WrongState,
+)
 from modelswap_sidecar.engine.hoststore import Staging
 from modelswap_sidecar.engine.records import InstanceRecord, ModelRecord, RegionRecord
 from modelswap_sidecar.engine.states import EngineState
@@ -83,11 +97,25 @@ def _broadcast(
     return ok, failed + more
 
 
+class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
+    """A committed host copy cannot be opened: unrecoverable for this model (→ FAILED)."""
+
+
 class Swapper:
     """Swap operations, bound to an engine (kept apart from the registry for size)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def broadcast(
+        self,
+        m: ModelRecord,
+        instances: list[InstanceRecord],
+        op: Op,
+        bodies: dict[str, dict[str, Any]] | None = None,
+    ) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
+        """Send `op` to every instance at once and wait for all replies."""
+        return _broadcast(self.engine, m, instances, op, bodies=bodies)
 
     # -- chunks --------------------------------------------------------------------------
 
@@ -183,7 +211,9 @@ class Swapper:
         live = [i for i in m.live_instances() if i.mapped]
         m.epoch += 1
         e.set_state(m, S.DRAINING, reason or "swap-out requested")
-        kv_mode = m.config.kv_mode
+        drop = m.config.on_swap_out is SwapOutMode.DROP
+        # a dropped model is reloaded from its source: its KV is never worth saving
+        kv_mode = KvMode.DISCARD if drop else m.config.kv_mode
         stagings: list[tuple[RegionRecord, Staging]] = []
         try:
             live, failed = _broadcast(
@@ -239,9 +269,8 @@ class Swapper:
         discarded = kv_mode is KvMode.DISCARD and any(
             r.kind is RegionKind.KV for i in live for r in i.regions.values()
         )
-        ok, failed = _broadcast(
-            e, m, live, Op.UNMAP, bodies={i.name: {"kv_discarded": discarded} for i in live}
-        )
+        body = {"kv_discarded": discarded, "dropped": drop}
+        ok, failed = _broadcast(e, m, live, Op.UNMAP, bodies={i.name: body for i in live})
         e.set_state(m, S.UNMAPPED)
         e.checkpoint("swap_out.unmapped")
         for inst in ok:
@@ -254,7 +283,11 @@ class Swapper:
         m.kv_discarded = discarded
         m.swap_outs += 1
         m.last_swap_out_seconds = time.perf_counter() - started
-        e.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
+        if drop:
+            self.discard_host_copies(m)
+            e.set_state(m, S.DROPPED, reason or "dropped (onSwapOut: drop)")
+        else:
+            e.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
 
     def _drop_gone(self, m: ModelRecord, failed: list[tuple[InstanceRecord, str]]) -> None:
         """Instances whose process died mid-operation leave it; the rest decide the outcome."""
@@ -266,7 +299,12 @@ class Swapper:
 
     def swap_in_locked(self, m: ModelRecord) -> None:
         e = self.engine
-        if m.state is S.RESIDENT:
+        if m.state is S.RESIDENT or (
+            m.state is S.LOADING and all(i.mapped for i in m.live_instances())
+        ):
+            return
+        if m.state in (S.DROPPED, S.FAILED):
+            self.reload_locked(m)
             return
         if m.state is not S.SWAPPED_OUT:
             raise WrongState(f"model {m.name} is {m.state}, not SwappedOut")
@@ -278,13 +316,59 @@ class Swapper:
         e.set_state(m, S.ALLOCATING, "swap-in requested")
         try:
             self.bring_in(m, live, track_states=True)
-        except BaseException as ex:
+        except (EngineError, RemoteError) as ex:  # rolled back; the host copy is intact
             e.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
             raise
+        except Exception as ex:  # rolled back, but nothing says a retry could work
+            self.fail(m, f"swap-in failed: {ex!r}")
+            raise ModelFailed(f"model {m.name} failed: {m.reason}") from ex
         m.swap_ins += 1
         m.last_swap_in_seconds = time.perf_counter() - started
         m.last_used = time.monotonic()
         e.set_state(m, S.RESIDENT, "swapped in")
+
+    def reload_locked(self, m: ModelRecord) -> None:
+        """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads
+        the weights from the source again and commits (a swap-in never sees a host copy)."""
+        e = self.engine
+        live = m.live_instances()
+        if not live:
+            raise WrongState(f"model {m.name} has no connected instance to reload into")
+        m.epoch += 1
+        e.set_state(m, S.LOADING, f"reloading from the source after {m.state}")
+        self.bring_in(m, live, track_states=False)
+        m.last_used = time.monotonic()
+        e.persist()
+
+    def discard_host_copies(self, m: ModelRecord) -> None:
+        """Delete every host-store copy of the model (drop, failure, removal)."""
+        e = self.engine
+        for inst in m.instances.values():
+            for r in inst.regions.values():
+                for f in (r.weights_file, r.kv_file):
+                    if f is not None:
+                        e.store.delete(f)
+                r.weights_file = r.kv_file = None
+            inst.committed = False
+
+    def fail(self, m: ModelRecord, reason: str) -> None:
+        """FAILED: every client unmapped (those that cannot are cut off), every chunk
+        released, the host copies deleted; the reason stays in the status."""
+        e = self.engine
+        mapped = [i for i in m.instances.values() if i.mapped]
+        live = [i for i in mapped if i.live]
+        if live:
+            body = {"kv_discarded": True, "dropped": True}
+            _ok, failed = _broadcast(e, m, live, Op.UNMAP, bodies={i.name: body for i in live})
+            for inst, why in failed:
+                log.warning("model %s: %s; disconnecting it", m.name, why)
+                if inst.peer is not None:
+                    inst.peer.close()
+        for inst in mapped:
+            self.release_instance(m, inst)
+        self.discard_host_copies(m)
+        log.error("model %s failed: %s", m.name, reason)
+        e.set_state(m, S.FAILED, reason)
 
     def bring_in(
         self, m: ModelRecord, instances: list[InstanceRecord], *, track_states: bool
@@ -370,8 +454,17 @@ class Swapper:
                 if source is None:
                     docs.append({"tag": r.tag, "fresh": True})
                 else:
+                    try:
+                        fd = e.store.open_readonly(source)
+                    except OSError as ex:  # the only complete copy is gone
+                        for opened in fds.values():
+                            for x in opened:
+                                e.close_fd(x)
+                        raise HostCopyLost(
+                            f"host copy {source.relpath} of region {r.tag} is gone: {ex}"
+                        ) from ex
                     docs.append({"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes})
-                    lst.append(e.store.open_readonly(source))
+                    lst.append(fd)
             bodies[inst.name] = {"regions": docs}
         results: dict[str, dict[str, Any]] = {}
         try:
