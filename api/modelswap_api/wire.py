@@ -66,7 +66,10 @@ class ErrorCode(enum.StrEnum):
 class Op(enum.StrEnum):
     # client → agent
     REGISTER = "register"  # {model, instance, pid, version} → {epoch, state}
-    ATTACH = "attach"  # {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}]}
+    #: {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}],
+    #: kv_pool?: {offload_after_tokens, host_bytes, fd}} (fd: a writable host-store file
+    #: for the KV pool's host tier)
+    ATTACH = "attach"
     COMMIT = "commit"  # weights loaded: agent sends SAVE for weights, then answers
     SWAP_IN = "swap_in"  # in_use() on a swapped-out model → {epoch}
     READOPT = "readopt"  # {state, epoch, regions: [... chunks: [{offset, bytes, fd}]]}
@@ -320,8 +323,9 @@ class Peer:
     """Requests and replies over a `Channel`, both ways, with one reader thread.
 
     Incoming requests run `handler` on their own thread (a request may wait on the
-    requests it sends back); its returned message is sent as the reply, an exception
-    becomes an `Internal` error reply. `on_close` runs once when the stream ends.
+    requests it sends back); its returned message is sent as the reply (and the reply's
+    fds closed after sending), an exception becomes an `Internal` error reply. `on_close`
+    runs once when the stream ends.
     """
 
     def __init__(
@@ -432,8 +436,11 @@ class Peer:
         if reply is None:
             return
         reply.re = message.msg_id
-        with contextlib.suppress(OSError):
-            self.channel.send(reply)
+        try:
+            with contextlib.suppress(OSError):
+                self.channel.send(reply)
+        finally:
+            reply.close_fds()  # a reply's fds are the sender's: sent (duplicated) or not
 
     def close(self) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ import enum
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,7 @@ from modelswap_api.wire import (
     reply_to,
 )
 from modelswap_client import _libc
+from modelswap_client.kvpool import TieredKvPool
 from modelswap_client.mappers.base import (
     GRANULARITY_BYTES,
     CopyEvent,
@@ -157,6 +159,11 @@ class Attachment:
         self._connected = threading.Event()
         self._peer: Peer | None = None
         self._reservations: list[Any] = []
+        #: the KV pool policy the agent sent at attach (`kv_pool`), and the host tier: the
+        #: writable mapping of an agent-owned host-store file
+        self.kv_offload_after_tokens: int | None = None
+        self.kv_host_bytes = 0
+        self._kv_host: HostBuffer | None = None
         #: region tag → ((st_dev, st_ino, bytes) of its weight copy, read-only host mapping)
         self._weight_sources: dict[str, tuple[tuple[int, int, int], HostBuffer]] = {}
         self._on_swap_out: list[Handler] = []
@@ -181,6 +188,57 @@ class Attachment:
     def on_readopt(self, handler: Handler) -> None:
         """Run after reconnecting to a restarted agent."""
         self._on_readopt.append(handler)
+
+    def kv_pool(self, tag: str, *, block_bytes: int, tokens_per_block: int) -> TieredKvPool:
+        """A tiered KV pool over KV region `tag` (the HBM tier), configured by the model's
+        policy: sequences longer than `offloadAfterTokens` get blocks from the host tier,
+        `hostBytes` of an agent-owned host-store file (LRU when full). Without a host tier
+        in the policy, every block comes from HBM."""
+        r = self.regions[tag]
+        if r.kind is not RegionKind.KV:
+            raise ClientError(f"region {tag} is {r.kind}, not kv", ErrorCode.BAD_REQUEST)
+        host, offload = self._kv_host, self.kv_offload_after_tokens
+        if host is None or offload is None:  # no host tier: every block from HBM
+            return TieredKvPool(
+                r.address,
+                r.size_bytes,
+                block_bytes=block_bytes,
+                tokens_per_block=tokens_per_block,
+                offload_after_tokens=sys.maxsize,
+                host_bytes=0,
+            )
+        return TieredKvPool(
+            r.address,
+            r.size_bytes,
+            block_bytes=block_bytes,
+            tokens_per_block=tokens_per_block,
+            offload_after_tokens=offload,
+            host_bytes=self.kv_host_bytes,
+            host_address=host.address,
+        )
+
+    def _take_kv_host_tier(self, reply: Message) -> None:
+        """Map the host-tier file the attach reply carries (writable), then close its fd."""
+        doc = reply.body.get("kv_pool")
+        if not doc:
+            reply.close_fds()
+            return
+        fd = reply.fds[int(doc["fd"])]
+        try:
+            size = int(doc["host_bytes"])
+            if self._kv_host is not None:
+                self.mapper.unmap_host(self._kv_host)
+                self._kv_host = None
+            self._kv_host = self.mapper.map_host(fd, size, writable=True)
+            self.kv_offload_after_tokens = int(doc["offload_after_tokens"])
+            self.kv_host_bytes = size
+        finally:
+            reply.close_fds()
+
+    def _drop_kv_host_tier(self) -> None:
+        if self._kv_host is not None:
+            self.mapper.unmap_host(self._kv_host)
+            self._kv_host = None
 
     def commit(self) -> None:
         """Weights are loaded: the agent saves them to the host store, once."""
@@ -227,6 +285,7 @@ class Attachment:
             self.mapper.synchronize()
             self._unmap_all()
             self._drop_weight_sources()
+            self._drop_kv_host_tier()
             for r in self._reservations:
                 self.mapper.free_reservation(r)
             self._reservations = []
@@ -391,6 +450,7 @@ class Attachment:
                     self.mapper.synchronize()
                     self._unmap_all()
                     self._drop_weight_sources()
+                    self._drop_kv_host_tier()  # its file is deleted: a KV pool over it is dead
                     with self._cond:
                         self._closing = True  # the agent closes the socket: no reconnect
                     self._set_state(ClientState.REMOVED)
@@ -643,6 +703,7 @@ def attach(
             ]
         }
         reply = att._request(Op.ATTACH, body)
+        att._take_kv_host_tier(reply)
         att.restored = bool(reply.body.get("restored"))
         att.committed = att.restored
     except BaseException:

@@ -3,8 +3,10 @@
 The HBM tier is a fixed KV region the agent maps (so the HBM budget never grows with
 sequence length). A sequence's blocks come from HBM while it is at most
 `offload_after_tokens` long; the blocks it needs beyond that come from the host tier,
-which holds at most `host_bytes`. When the host tier is full, the least recently used
-other sequence loses its host blocks (the caller sees it in `evicted` and recomputes).
+which holds at most `host_bytes` (attached through the client library: an agent-owned
+host-store file, counted in the host store's capacity). When the host tier is full, the
+least recently used other sequence loses its host blocks (the caller sees it in `evicted`
+and recomputes).
 Every block says which tier it is in.
 """
 
@@ -49,7 +51,11 @@ class TieredKvPool:
         tokens_per_block: int,
         offload_after_tokens: int,
         host_bytes: int,
+        host_address: int | None = None,
     ) -> None:
+        """`host_address`: the host tier's memory (`host_bytes` of it; the client library
+        passes its mapping of an agent-owned host-store file); None: anonymous memory of
+        this process, for use without an agent."""
         if block_bytes <= 0 or tokens_per_block <= 0:
             raise ValueError("block_bytes and tokens_per_block must be positive")
         self.block_bytes = block_bytes
@@ -58,12 +64,15 @@ class TieredKvPool:
         self._hbm_address = hbm_address
         self._hbm_free = collections.deque(range(hbm_bytes // block_bytes))
         host_blocks = host_bytes // block_bytes
-        # host tier: anonymous memory of this process (pinned host memory for CUDA mappers)
-        self._host_map = mmap.mmap(-1, max(host_blocks * block_bytes, mmap.PAGESIZE))
         self._host_free = collections.deque(range(host_blocks))
-        anchor = ctypes.c_char.from_buffer(self._host_map)
-        self._host_base = ctypes.addressof(anchor)
-        del anchor  # release the buffer export so close() can unmap
+        self._host_map: mmap.mmap | None = None
+        if host_address is not None:
+            self._host_base = host_address
+        else:  # anonymous memory of this process
+            self._host_map = mmap.mmap(-1, max(host_blocks * block_bytes, mmap.PAGESIZE))
+            anchor = ctypes.c_char.from_buffer(self._host_map)
+            self._host_base = ctypes.addressof(anchor)
+            del anchor  # release the buffer export so close() can unmap
         self._sequences: collections.OrderedDict[str, _Sequence] = collections.OrderedDict()
         self.evicted: list[str] = []
 
@@ -139,4 +148,5 @@ class TieredKvPool:
 
     def close(self) -> None:
         self._sequences.clear()
-        self._host_map.close()
+        if self._host_map is not None:
+            self._host_map.close()

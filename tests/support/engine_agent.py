@@ -128,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", default=[], help="name:gpu[:kv mode[:onSwapOut]]")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--kv-tier",
+        action="append",
+        default=[],
+        help="name:offloadAfterTokens:hostBytes (the model's kvCache policy)",
+    )
     p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(name)s: %(message)s")
@@ -145,11 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()
+    kv_tiers: dict[str, tuple[int | None, int]] = {}
+    for spec in args.kv_tier:
+        name, offload, host = spec.split(":")
+        kv_tiers[name] = (int(offload), parse_bytes(host))
     for spec in args.model:
         name, gpu, *rest = spec.split(":")
         kv = KvMode(rest[0]) if rest else KvMode.DISCARD
         on_swap_out = SwapOutMode(rest[1]) if len(rest) > 1 else SwapOutMode.HOST
-        engine.add_model(ModelConfig(name, int(gpu), kv, on_swap_out=on_swap_out))
+        offload, host_bytes = kv_tiers.get(name, (None, 0))
+        engine.add_model(
+            ModelConfig(
+                name,
+                int(gpu),
+                kv,
+                on_swap_out=on_swap_out,
+                kv_offload_after_tokens=offload,
+                kv_host_bytes=host_bytes,
+            )
+        )
     server = EngineServer(engine, Path(args.socket))
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

@@ -7,6 +7,10 @@ One JSON command per stdin line, one JSON answer per stdout line:
     {"cmd": "raw_hash", "tag", "address"} sha256 at a captured address, without in_use
     {"cmd": "commit"} {"cmd": "state"} {"cmd": "hold"} {"cmd": "release"}
     {"cmd": "stray_read", "address"}      a forked child reads it; → its exit signal
+    {"cmd": "kv_pool", "tag", "block_bytes", "tokens_per_block"}   att.kv_pool(...)
+    {"cmd": "kv_append", "seq", "tokens"} grow a sequence; each new block is written
+        through (real memory) → its blocks' tiers and addresses, evictions, free blocks
+    {"cmd": "kv_free", "seq"}
     {"cmd": "close"}
 """
 
@@ -23,6 +27,7 @@ import threading
 from typing import Any
 
 from modelswap_client.client import Attachment, ClientError, RegionSpec, attach
+from modelswap_client.kvpool import KvPoolFull, TieredKvPool
 
 
 def fill(att: Attachment, tag: str, seed: int) -> str:
@@ -50,6 +55,7 @@ def stray_read(address: int) -> int:
 
 def main() -> int:
     att: Attachment | None = None
+    pool: TieredKvPool | None = None
     hold_entered = threading.Event()
     hold_release = threading.Event()
     out = sys.stdout
@@ -103,10 +109,29 @@ def main() -> int:
                 hold_release.set()
             elif op == "stray_read":
                 answer["signal"] = stray_read(int(cmd["address"]))
+            elif op == "kv_pool":
+                pool = att.kv_pool(
+                    cmd["tag"],
+                    block_bytes=int(cmd["block_bytes"]),
+                    tokens_per_block=int(cmd["tokens_per_block"]),
+                )
+            elif op == "kv_append":
+                assert pool is not None
+                added = pool.append_tokens(cmd["seq"], int(cmd["tokens"]))
+                for b in added:
+                    ctypes.memset(b.address, 0x5A, pool.block_bytes)
+                answer["added"] = [[str(b.tier), b.address] for b in added]
+                answer["blocks"] = [[str(b.tier), b.address] for b in pool.blocks(cmd["seq"])]
+                answer["evicted"] = list(pool.evicted)
+                answer["hbm_free"] = pool.hbm_blocks_free
+                answer["host_free"] = pool.host_blocks_free
+            elif op == "kv_free":
+                assert pool is not None
+                pool.free(cmd["seq"])
             elif op == "close":
                 att.close()
                 att = None
-        except (ClientError, RuntimeError, TimeoutError, OSError) as e:
+        except (ClientError, RuntimeError, TimeoutError, OSError, KvPoolFull) as e:
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             if isinstance(e, ClientError):
                 answer["code"] = str(e.code)

@@ -210,6 +210,17 @@ def memfd_mappings(pid: int) -> list[tuple[int, int, str, int]]:
     return out
 
 
+def mappings(pid: int) -> list[tuple[int, int, str, str]]:
+    """(start, end, perms, path) of every file-backed mapping of the process."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            m = MAPS_LINE.match(line.strip())
+            if m and m.group(5):
+                out.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3), m.group(5)))
+    return out
+
+
 def file_mappings(pid: int, under: str) -> list[tuple[str, str]]:
     """(perms, path) of every mapping of a file below `under`."""
     out = []

@@ -236,6 +236,10 @@ class Engine:
                 if inst.mapped:
                     self.swapper.release_instance(m, inst)
             self.swapper.discard_host_copies(m)
+            for inst in m.instances.values():  # its clients unmapped their KV host tiers
+                if inst.kv_host_file is not None:
+                    self.store.delete(inst.kv_host_file)
+                    inst.kv_host_file = None
             with self._mut:
                 for inst in m.instances.values():
                     if inst.peer is not None:
@@ -333,25 +337,60 @@ class Engine:
                     for t, r in layout.items():
                         inst.regions[t].address = r.address
             restored = inst.committed
-            if m.state is S.SWAPPED_OUT:
-                self.swapper.swap_in_locked(m)
-            elif m.state in (S.DROPPED, S.FAILED):
-                self.swapper.reload_locked(m)
-            elif m.state in (S.RESIDENT, S.LOADING):
-                self.swapper.bring_in(m, [inst], track_states=False)
-                m.last_used = time.monotonic()
-                if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
-                    self.set_state(m, S.RESIDENT, "restored from the host store")
-                else:
-                    self.persist()
-            else:
-                raise WrongState(f"model {m.name} is {m.state}")
+            kv_fd = self._kv_host_tier(m, inst)  # before any mapping: HostStoreFull refuses
+            try:
+                self._bring_in_attached(m, inst)
+            except BaseException:
+                if kv_fd is not None:
+                    self.close_fd(kv_fd)
+                raise
         regions = [
             {"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
             for t, r in inst.regions.items()
         ]
-        body = {"restored": restored, "regions": regions, "state": str(m.state)}
-        return reply_to(message, m.epoch, body)
+        body: dict[str, Any] = {"restored": restored, "regions": regions, "state": str(m.state)}
+        if kv_fd is None:
+            return reply_to(message, m.epoch, body)
+        body["kv_pool"] = {
+            "offload_after_tokens": m.config.kv_offload_after_tokens,
+            "host_bytes": m.config.kv_host_bytes,
+            "fd": 0,
+        }
+        return reply_to(message, m.epoch, body, [kv_fd])  # the fd is closed once sent
+
+    def _kv_host_tier(self, m: ModelRecord, inst: InstanceRecord) -> int | None:
+        """A writable fd of the instance's KV host-tier file (made on first attach), or
+        None when the model's policy has no host tier."""
+        size = m.config.kv_host_bytes
+        if m.config.kv_offload_after_tokens is None or size <= 0:
+            return None
+        f = inst.kv_host_file
+        if f is not None and f.size_bytes != size:  # the policy changed its size
+            self.store.delete(f)
+            inst.kv_host_file = f = None
+        if f is None:
+            rel = self.store.relpath(m.config.gpu, m.name, inst.name, "kv-host-tier", "kvhost")
+            f = self.store.commit(self.store.stage(m.config.gpu, rel, size))
+            with self._mut:
+                inst.kv_host_file = f
+                self.persist()
+        return self.store.open_writable(f)
+
+    def _bring_in_attached(self, m: ModelRecord, inst: InstanceRecord) -> None:
+        """Map (and restore) a newly attached instance, whatever the model's state."""
+        if m.state is S.SWAPPED_OUT:
+            self.swapper.swap_in_locked(m)
+        elif m.state in (S.DROPPED, S.FAILED):
+            self.swapper.reload_locked(m)
+        elif m.state in (S.RESIDENT, S.LOADING):
+            self.swapper.bring_in(m, [inst], track_states=False)
+            m.last_used = time.monotonic()
+            if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
+                self.set_state(m, S.RESIDENT, "restored from the host store")
+            else:
+                self.persist()
+        else:
+            raise WrongState(f"model {m.name} is {m.state}")
 
     def _commit(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
         with m.lock:
@@ -438,8 +477,10 @@ class Engine:
             f.relpath
             for m in models.values()
             for i in m.instances.values()
-            for r in i.regions.values()
-            for f in (r.weights_file, r.kv_file)
+            for f in [
+                i.kv_host_file,
+                *(x for r in i.regions.values() for x in (r.weights_file, r.kv_file)),
+            ]
             if f is not None
         }
         for rel in self.store.remove_unnamed(named):
@@ -455,6 +496,10 @@ class Engine:
                         inst.committed = False
                     if r.kv_file is not None and not self.store.adopt_existing(r.kv_file):
                         r.kv_file = None
+                if inst.kv_host_file is not None and not self.store.adopt_existing(
+                    inst.kv_host_file
+                ):
+                    inst.kv_host_file = None
                 if inst.mapped:
                     inst.mapped = False
                     inst.awaiting_readopt = True
@@ -463,6 +508,9 @@ class Engine:
             # the agent died while removing it: finish (no client maps it any more, or
             # its clients are told when they readopt and find no model)
             self.swapper.discard_host_copies(m)
+            for inst in m.instances.values():
+                if inst.kv_host_file is not None:
+                    self.store.delete(inst.kv_host_file)
             del models[m.name]
         with self._mut:
             self._models = models

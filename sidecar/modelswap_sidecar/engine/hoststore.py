@@ -151,6 +151,10 @@ class HostStore:
         (self.root / (staging.relpath + ".tmp")).unlink(missing_ok=True)
         self._credit(staging.gpu, staging.size_bytes)
 
+    def open_writable(self, stored: StoredFile) -> int:
+        """For files a client may write (a KV pool's host tier), never for weight copies."""
+        return os.open(self.root / stored.relpath, os.O_RDWR | os.O_CLOEXEC)
+
     def open_readonly(self, stored: StoredFile) -> int:
         return os.open(self.root / stored.relpath, os.O_RDONLY | os.O_CLOEXEC)
 

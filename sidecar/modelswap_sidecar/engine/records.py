@@ -57,6 +57,9 @@ class InstanceRecord:
     mapped: bool = False  # its clients map live chunks
     committed: bool = False  # its weights are complete in the host store
     awaiting_readopt: bool = False
+    #: the host tier of its KV pool: an agent-owned host-store file the client maps
+    #: writable (never a weight copy); kept across swaps and client restarts
+    kv_host_file: StoredFile | None = None
 
     @property
     def live(self) -> bool:
@@ -125,6 +128,7 @@ def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
                 iname: {
                     "mapped": i.mapped,
                     "committed": i.committed,
+                    "kv_host_file": _stored_doc(i.kv_host_file),
                     "regions": [
                         {
                             "tag": r.tag,
@@ -165,7 +169,10 @@ def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
         m.swap_outs = int(md.get("swap_outs", 0))
         for iname, idoc in md.get("instances", {}).items():
             inst = InstanceRecord(
-                iname, mapped=bool(idoc["mapped"]), committed=bool(idoc["committed"])
+                iname,
+                mapped=bool(idoc["mapped"]),
+                committed=bool(idoc["committed"]),
+                kv_host_file=_stored(idoc.get("kv_host_file")),
             )
             for rd in idoc["regions"]:
                 inst.regions[rd["tag"]] = RegionRecord(
