@@ -1,0 +1,92 @@
+"""Every error the gateway answers with, and what each becomes on the wire.
+
+    GatewayError                    status, reason, message, retry_after_seconds
+    ├── BadRequestError             400 BadRequest        malformed body, unsupported field
+    ├── NamespaceRequiredError      400 NamespaceRequired no Service host, no /ns/ prefix,
+    │                                                     and not local mode
+    ├── UnknownModelError           404 ModelNotFound
+    ├── AmbiguousModelError         409 AmbiguousModel    a bare name held by several namespaces
+    ├── QueueFullError              429 QueueFull         + Retry-After
+    ├── QueueTimeoutError           503 QueueTimeout      + Retry-After (the swap-in goes on)
+    ├── ModelSwappedOutError        503 ModelSwappedOut   + Retry-After: metadata of a model
+    │                                                     Triton does not hold now
+    ├── SwapInFailedError           503 SwapInFailed      + Retry-After; the agent raises it from
+    │                                                     `ensure_resident` with its reason
+    ├── UpstreamError               502 UpstreamUnavailable  Triton did not answer
+    └── TritonRefusedError          Triton's status, TritonError: Triton's own refusal,
+                                    relayed (OpenAI routes)
+
+The KServe v2 routes render them as `{"error": message, "reason": reason}`, the OpenAI
+routes as `{"error": {"message", "type", "code"}}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class GatewayError(Exception):
+    status = 500
+    reason = "InternalError"
+
+    def __init__(self, message: str, *, retry_after_seconds: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_seconds = retry_after_seconds
+
+
+class BadRequestError(GatewayError):
+    status = 400
+    reason = "BadRequest"
+
+
+class NamespaceRequiredError(GatewayError):
+    status = 400
+    reason = "NamespaceRequired"
+
+
+class UnknownModelError(GatewayError):
+    status = 404
+    reason = "ModelNotFound"
+
+
+class AmbiguousModelError(GatewayError):
+    status = 409
+    reason = "AmbiguousModel"
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.candidates = tuple(candidates)
+
+
+class QueueFullError(GatewayError):
+    status = 429
+    reason = "QueueFull"
+
+
+class QueueTimeoutError(GatewayError):
+    status = 503
+    reason = "QueueTimeout"
+
+
+class ModelSwappedOutError(GatewayError):
+    status = 503
+    reason = "ModelSwappedOut"
+
+
+class SwapInFailedError(GatewayError):
+    status = 503
+    reason = "SwapInFailed"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    reason = "UpstreamUnavailable"
+
+
+class TritonRefusedError(GatewayError):
+    reason = "TritonError"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status

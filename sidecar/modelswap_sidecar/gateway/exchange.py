@@ -1,0 +1,220 @@
+"""One client request for one model: which model, its wait for a swap-in (with progress
+lines when asked), the call to Triton, and the answer in the form the client expects.
+
+Progress: a request with `X-Modelswap-Progress: sse`, or a streaming request (v2
+`generate_stream`, OpenAI `"stream": true`) that accepts `text/event-stream`, is answered
+with an event stream as soon as it is admitted (a 429 is still a plain 429). While it
+waits it gets comment lines:
+
+    : swap-in queued position=3
+    : swap-in RESTORING waited=1.0s position=3
+    : swap-in done waited=1.4s
+
+then its answer: a streaming request's own events; any other request's JSON body as one
+`data:` event; an error as an `event: error` (v2) or a `data: {"error": ...}` (OpenAI) event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+from modelswap_sidecar.gateway import openai, sse
+from modelswap_sidecar.gateway.context import Gateway
+from modelswap_sidecar.gateway.directory import ModelRoute
+from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError, UnknownModelError
+from modelswap_sidecar.gateway.routing import Scope, scope_of, split_qualified
+
+logger = logging.getLogger(__name__)
+
+Flavour = Literal["v2", "openai"]
+
+PROGRESS_HEADER = "X-Modelswap-Progress"
+STATE_HEADER = "X-Modelswap-State"
+QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
+
+#: The model a request was for, and the status its answer stands for (for the metrics).
+ROUTE = web.RequestKey("gateway_route", ModelRoute)
+CODE = web.RequestKey("gateway_code", int)
+FLAVOUR = web.RequestKey("gateway_flavour", str)
+
+
+def wants_progress(request: web.Request, *, streaming: bool) -> bool:
+    if request.headers.get(PROGRESS_HEADER, "").strip().lower() == "sse":
+        return True
+    return streaming and sse.CONTENT_TYPE in request.headers.get("Accept", "")
+
+
+def route_for(gw: Gateway, request: web.Request, model: str) -> ModelRoute:
+    """The model `model` names for this request (see `routing`); records it for metrics."""
+    prefix = request.match_info.get("ns")
+    qualified, name = split_qualified(model) if request[FLAVOUR] == "openai" else (None, model)
+    if prefix is not None and qualified is not None and prefix != qualified:
+        raise BadRequestError(
+            f"model {model!r} names namespace {qualified!r} but the path names {prefix!r}"
+        )
+    if prefix is None and qualified is not None:
+        scope = Scope(qualified, f"the model name {model!r}")
+    else:
+        scope = scope_of(prefix, request.headers.get("Host"), local_mode=gw.settings.local_mode)
+    try:
+        route = gw.directory.lookup(name, scope.namespace)
+    except UnknownModelError as e:
+        if scope.namespace is not None:
+            e.message = f"{e.message} (namespace from {scope.origin})"
+            e.args = (e.message,)
+        raise
+    request[ROUTE] = route
+    return route
+
+
+class Exchange:
+    def __init__(
+        self, gw: Gateway, request: web.Request, route: ModelRoute, *, progress: bool
+    ) -> None:
+        self.gw = gw
+        self.request = request
+        self.route = route
+        self.progress = progress
+        self.flavour: Flavour = "openai" if request[FLAVOUR] == "openai" else "v2"
+        self.waited_seconds = 0.0
+        self._stream: web.StreamResponse | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self._stream is not None
+
+    def record(self) -> None:
+        self.gw.directory.record_request(self.route.uid, self.gw.clock())
+
+    async def admit(self) -> None:
+        """Return once the model serves: at once when resident, else after its swap-in.
+        Raises QueueFullError before anything is sent; later errors too, unless a progress
+        stream is open (then `fail` reports them in it)."""
+        ticket = self.gw.queues.enter(self.route)
+        if ticket is None:
+            if self.progress:
+                await self.stream()
+            return
+        started = self.gw.queues.now()
+        try:
+            if self.progress:
+                await self.stream()
+            if self._stream is None:
+                await ticket.wait()
+                return
+            interval = self.gw.settings.progress_interval_seconds
+            await self._comment(f"swap-in queued position={ticket.position}")
+            while not await ticket.wait(interval):
+                waited = self.gw.queues.now() - started
+                state = self.gw.directory.swap_state(self.route.uid)
+                await self._comment(
+                    f"swap-in {state} waited={waited:.1f}s position={ticket.position}"
+                )
+            await self._comment(f"swap-in done waited={self.gw.queues.now() - started:.1f}s")
+        finally:
+            ticket.close()
+            self.waited_seconds += self.gw.queues.now() - started
+
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Admit, then send to Triton (`path` under /v2/models/<triton name>); the caller
+        releases the answer. A request that Triton refused because the model went away
+        between admission and the call (it is not resident now) goes round once more."""
+        self.record()
+        base = f"/v2/models/{self.route.triton_name}"
+        version = self.request.match_info.get("version")
+        if version is not None:
+            base += f"/versions/{version}"
+        for attempt in (1, 2):
+            await self.admit()
+            response = await self.gw.upstream.open(
+                method, base + path, body=body, json_body=json_body, headers=headers
+            )
+            if response.status < 400 or attempt == 2:
+                return response
+            if self.gw.directory.is_resident(self.route.uid):
+                return response
+            logger.info(
+                "%s/%s went away before its request reached Triton; waiting again",
+                self.route.namespace,
+                self.route.name,
+            )
+            response.release()
+        raise AssertionError("unreachable")
+
+    def queue_headers(self) -> dict[str, str]:
+        if not self.waited_seconds:
+            return {}
+        return {QUEUE_WAIT_HEADER: f"{self.waited_seconds:.3f}"}
+
+    async def stream(self) -> web.StreamResponse:
+        """The event stream to the client, opened (200) if it was not already."""
+        if self._stream is None:
+            stream = web.StreamResponse(status=200, headers=sse.STREAM_HEADERS)
+            stream.headers.update(self.queue_headers())
+            await stream.prepare(self.request)
+            self._stream = stream
+        return self._stream
+
+    async def write(self, data: bytes) -> None:
+        stream = await self.stream()
+        await stream.write(data)
+
+    async def answer(
+        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        """A whole answer: as itself, or as one event when a progress stream is open."""
+        self.request[CODE] = status
+        if self._stream is None:
+            response = web.Response(status=status, body=body, headers=headers)
+            response.content_type = content_type
+            response.headers.update(self.queue_headers())
+            return response
+        if "json" not in content_type:
+            message = "a binary answer cannot travel in a progress stream; ask without progress"
+            return await self.fail(GatewayError(message))
+        text = body.decode("utf-8", errors="replace")
+        if status < 400 or self.flavour == "openai":
+            await self._stream.write(sse.data_event(text))
+        else:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = {"error": text}
+            event = {"status": status, **parsed} if isinstance(parsed, dict) else parsed
+            await self._stream.write(sse.data_event(json.dumps(event), "error"))
+        await self._stream.write_eof()
+        return self._stream
+
+    async def fail(self, error: GatewayError) -> web.StreamResponse:
+        """Report `error`: raised to the error middleware when nothing was sent yet, else
+        written into the open stream, which then ends."""
+        if self._stream is None:
+            raise error
+        self.request[CODE] = error.status
+        if self.flavour == "openai":
+            body: dict[str, Any] = openai.error_body(error.message, error.status, error.reason)
+            await self._stream.write(sse.data_event(json.dumps(body)))
+        else:
+            body = {"error": error.message, "reason": error.reason, "status": error.status}
+            if error.retry_after_seconds is not None:
+                body["retry_after_seconds"] = error.retry_after_seconds
+            await self._stream.write(sse.data_event(json.dumps(body), "error"))
+        await self._stream.write_eof()
+        return self._stream
+
+    async def _comment(self, text: str) -> None:
+        assert self._stream is not None
+        await self._stream.write(sse.comment(text))

@@ -1,0 +1,109 @@
+"""The gateway's Prometheus metrics (served with the agent's on its metrics port).
+
+    modelswap_gateway_requests_total{uid,namespace,model,code}          counter
+        every answered request; code is the HTTP status, 499 when the client went away;
+        a request naming no known model counts under empty uid/namespace/model
+    modelswap_gateway_refusals_total{uid,namespace,model,reason}        counter
+        reason QueueFull (429), QueueTimeout (503), SwapInFailed (503)
+    modelswap_gateway_queue_wait_seconds{uid,namespace,model,outcome}   histogram
+        time in a swap-in queue; outcome released | timeout | failed | cancelled
+    modelswap_gateway_swap_ins_triggered_total{uid,namespace,model}     counter
+        swap-ins the gateway asked for (one per cold period)
+    modelswap_gateway_queue_depth_requests{uid,namespace,model}         gauge, read at scrape
+    modelswap_gateway_in_flight_requests                                gauge
+
+Every collector takes the registry it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from modelswap_sidecar.gateway.directory import ModelRoute
+
+MODEL_LABELS = ("uid", "namespace", "model")
+WAIT_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+DepthProvider = Callable[[], Iterable[tuple[ModelRoute, int]]]
+
+
+def _labels(route: ModelRoute | None) -> tuple[str, str, str]:
+    return ("", "", "") if route is None else (route.uid, route.namespace, route.name)
+
+
+class GatewayMetrics:
+    """Counters the gateway bumps; also the queues' `QueueObserver`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "modelswap_gateway_requests",
+            "Requests answered by the gateway, by model and HTTP status (499: client gone).",
+            (*MODEL_LABELS, "code"),
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "modelswap_gateway_refusals",
+            "Requests refused while a model swapped in (QueueFull, QueueTimeout, SwapInFailed).",
+            (*MODEL_LABELS, "reason"),
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "modelswap_gateway_queue_wait_seconds",
+            "Time requests spent waiting for a swap-in, by how the wait ended.",
+            (*MODEL_LABELS, "outcome"),
+            buckets=WAIT_SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.swap_ins_triggered = Counter(
+            "modelswap_gateway_swap_ins_triggered",
+            "Swap-ins the gateway requested because a request found its model swapped out.",
+            MODEL_LABELS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "modelswap_gateway_in_flight_requests",
+            "Requests the gateway is handling now (queued ones included).",
+            registry=registry,
+        )
+
+    def register_queue_depth(self, provider: DepthProvider) -> None:
+        self.registry.register(QueueDepthCollector(provider))
+
+    def answered(self, route: ModelRoute | None, code: int) -> None:
+        self.requests.labels(*_labels(route), str(code)).inc()
+
+    # QueueObserver
+    def swap_in_triggered(self, route: ModelRoute) -> None:
+        self.swap_ins_triggered.labels(*_labels(route)).inc()
+
+    def refused(self, route: ModelRoute, reason: str) -> None:
+        self.refusals.labels(*_labels(route), reason).inc()
+
+    def waited(self, route: ModelRoute, seconds: float, outcome: str) -> None:
+        self.queue_wait.labels(*_labels(route), outcome).observe(seconds)
+
+
+class QueueDepthCollector(Collector):
+    """`modelswap_gateway_queue_depth_requests`, read from the queues at scrape time; a model
+    with no queue has no series."""
+
+    def __init__(self, provider: DepthProvider) -> None:
+        self._provider = provider
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "modelswap_gateway_queue_depth_requests",
+            "Requests waiting for their model's swap-in.",
+            labels=MODEL_LABELS,
+        )
+        for route, depth in self._provider():
+            family.add_metric(_labels(route), depth)
+        yield family

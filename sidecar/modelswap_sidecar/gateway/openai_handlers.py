@@ -1,0 +1,145 @@
+"""OpenAI-compatible routes over Triton's `generate_stream` (translation in `openai`).
+
+    GET  [/ns/{ns}]/v1/models                    models in the namespace (all in local mode)
+    GET  [/ns/{ns}]/v1/models/{model}            one of them
+    POST [/ns/{ns}]/v1/completions               prompt -> text
+    POST [/ns/{ns}]/v1/chat/completions          messages -> message
+
+A streaming request gets each response of the model as one chunk as soon as Triton sends
+it, then a chunk with the finish reason and `data: [DONE]`; a non-streaming one gets the
+responses' text joined. The OpenAI `model` may be written `namespace/name`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from modelswap_sidecar.gateway import openai, sse
+from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.errors import (
+    BadRequestError,
+    GatewayError,
+    TritonRefusedError,
+    UnknownModelError,
+)
+from modelswap_sidecar.gateway.exchange import FLAVOUR, Exchange, route_for, wants_progress
+from modelswap_sidecar.gateway.rewrite import rename_json
+from modelswap_sidecar.gateway.routing import display_ids, scope_of
+from modelswap_sidecar.gateway.upstream import Upstream
+
+DONE = b"data: [DONE]\n\n"
+
+
+def add_routes(app: web.Application) -> None:
+    router = app.router
+    for ns in ("", "/ns/{ns}"):
+        router.add_get(ns + "/v1/models", _list, allow_head=False)
+        router.add_get(ns + "/v1/models/{model:.+}", _get, allow_head=False)
+        router.add_post(ns + "/v1/completions", _completions)
+        router.add_post(ns + "/v1/chat/completions", _chat)
+
+
+def _gateway(request: web.Request) -> Gateway:
+    request[FLAVOUR] = "openai"
+    return request.app[GATEWAY]
+
+
+def _listed(gw: Gateway, request: web.Request) -> list[tuple[str, str, int]]:
+    scope = scope_of(
+        request.match_info.get("ns"),
+        request.headers.get("Host"),
+        local_mode=gw.settings.local_mode,
+    )
+    routes = gw.directory.routes(scope.namespace)
+    if scope.namespace is None:
+        return [(model_id, route.namespace, 0) for model_id, route in display_ids(routes)]
+    return sorted((route.name, route.namespace, 0) for route in routes)
+
+
+async def _list(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    return web.json_response(openai.model_list(_listed(gw, request)))
+
+
+async def _get(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    wanted = request.match_info["model"]
+    route = route_for(gw, request, wanted)
+    for model_id, owner, created in _listed(gw, request):
+        if owner == route.namespace and model_id in (route.name, wanted):
+            entry = {"id": model_id, "object": "model", "created": created, "owned_by": owner}
+            return web.json_response(entry)
+    raise UnknownModelError(f"model {wanted!r} not found")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _text(request, openai.parse_completion)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _text(request, openai.parse_chat)
+
+
+async def _text(
+    request: web.Request, parse: Callable[[Any], openai.TextRequest]
+) -> web.StreamResponse:
+    gw = _gateway(request)
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise BadRequestError(f"the body is not JSON: {e}") from e
+    text_request = parse(body)
+    route = route_for(gw, request, text_request.model)
+    exchange = Exchange(
+        gw, request, route, progress=wants_progress(request, streaming=text_request.stream)
+    )
+    completion = openai.Completion(text_request, created=int(gw.clock()))
+    try:
+        async with await exchange.forward(
+            "POST", "/generate_stream", json_body=text_request.generate_body()
+        ) as answer:
+            if answer.status != 200:
+                raw = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+                raise TritonRefusedError(_message_of(raw), answer.status)
+            parser = sse.EventParser()
+            async for chunk in Upstream.chunks(answer):
+                for event in parser.feed(chunk):
+                    await _add(exchange, completion, event)
+            for event in parser.close():
+                await _add(exchange, completion, event)
+        if text_request.stream:
+            await exchange.write(sse.data_event(json.dumps(completion.last_chunk())))
+            await exchange.write(DONE)
+            stream = await exchange.stream()
+            await stream.write_eof()
+            return stream
+        body_bytes = json.dumps(completion.response()).encode()
+        return await exchange.answer(200, body_bytes, "application/json")
+    except openai.ModelStreamError as e:
+        error = TritonRefusedError(f"the model failed: {e}", 500)
+        return await exchange.fail(error)
+    except GatewayError as e:
+        return await exchange.fail(e)
+    finally:
+        exchange.record()
+
+
+async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Event) -> None:
+    text, finish_reason = openai.text_of(event.data)
+    chunk = completion.add(text, finish_reason)
+    if completion.request.stream:
+        await exchange.write(sse.data_event(json.dumps(chunk)))
+
+
+def _message_of(raw: bytes) -> str:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+        return str(parsed["error"])
+    return raw.decode("utf-8", errors="replace")

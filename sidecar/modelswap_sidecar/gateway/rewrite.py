@@ -1,0 +1,53 @@
+"""Triton's answers with the UID-derived name replaced by the name users call (pure).
+
+Triton puts its model name in metadata (`name`), inference and generate answers
+(`model_name`) and error messages. The gateway shows users their own name instead; only
+those top-level fields change, never tensor data. Bodies that are not JSON (or not what
+is expected) pass unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+NAME_FIELDS = ("name", "model_name")
+
+
+def _rename(value: Any, triton_name: str, user_name: str) -> Any:
+    if not isinstance(value, dict):
+        return value
+    renamed = dict(value)
+    for key in NAME_FIELDS:
+        if renamed.get(key) == triton_name:
+            renamed[key] = user_name
+    error = renamed.get("error")
+    if isinstance(error, str):
+        renamed["error"] = error.replace(triton_name, user_name)
+    return renamed
+
+
+def rename_json(body: bytes, triton_name: str, user_name: str) -> bytes:
+    """A JSON object's name fields and error message renamed; anything else unchanged."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    renamed = _rename(parsed, triton_name, user_name)
+    if renamed == parsed:
+        return body
+    return json.dumps(renamed, separators=(",", ":")).encode()
+
+
+def rename_infer_response(
+    body: bytes, header_length: int | None, triton_name: str, user_name: str
+) -> tuple[bytes, int | None]:
+    """An inference answer renamed. With the binary tensor extension the JSON header is the
+    first `header_length` bytes (`Inference-Header-Content-Length`); the new length is
+    returned with the body."""
+    if header_length is None:
+        return rename_json(body, triton_name, user_name), None
+    if not 0 <= header_length <= len(body):
+        return body, header_length
+    header = rename_json(body[:header_length], triton_name, user_name)
+    return header + body[header_length:], len(header)

@@ -1,0 +1,29 @@
+"""Settings of the gateway, read once at start by the agent (or local mode) and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    #: Triton's HTTP endpoint, e.g. `http://127.0.0.1:8000`.
+    upstream_url: str
+    host: str = "0.0.0.0"
+    port: int = 8080
+    #: Local mode: a request without a namespace may name a model by its bare name when
+    #: exactly one model carries it. Off in a cluster, where the Service host or a
+    #: `/ns/{namespace}/` prefix must say which namespace.
+    local_mode: bool = False
+    #: `Retry-After` on 429 (queue full), 503 (queue timeout, failed swap-in).
+    retry_after_seconds: int = 1
+    #: How often a client that asked for progress gets a `: swap-in <state>` line.
+    progress_interval_seconds: float = 1.0
+    #: Largest request body accepted (v2 infer bodies carry tensors).
+    max_body_bytes: int = 64 << 20
+    #: Connections to Triton at most (more requests wait for one).
+    upstream_connections: int = 256
+    upstream_connect_timeout_seconds: float = 10.0
+    #: Longest silence from Triton while reading an answer (a token stream's gap included);
+    #: None waits for ever.
+    upstream_read_timeout_seconds: float | None = 600.0

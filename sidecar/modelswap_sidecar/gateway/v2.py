@@ -1,0 +1,207 @@
+"""KServe v2 REST in front of Triton, under the names users call.
+
+    GET  /v2/health/live                         the gateway answers
+    GET  /v2/health/ready                        Triton is ready
+    GET  /v2                                     Triton's server metadata
+    GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]                  model metadata
+    GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]/ready            model readiness
+    POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/infer            inference
+    POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/generate         generate extension
+    POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/generate_stream  generate extension (SSE)
+
+Inference and generate requests swap a swapped-out model in (see `queueing`); metadata
+and readiness do not, and do not count as use: a probe must not keep a model resident. A
+swapped-out model is ready (it serves on request) and says where it is in
+`X-Modelswap-State`; its metadata comes from Triton when Triton still holds it
+(`onSwapOut: host`) and is otherwise a 503 until the next inference. Triton's model
+configuration and repository APIs are not exposed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from modelswap_sidecar.gateway import sse
+from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.directory import ModelRoute
+from modelswap_sidecar.gateway.errors import (
+    BadRequestError,
+    GatewayError,
+    ModelSwappedOutError,
+    UpstreamError,
+)
+from modelswap_sidecar.gateway.exchange import (
+    FLAVOUR,
+    STATE_HEADER,
+    Exchange,
+    route_for,
+    wants_progress,
+)
+from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json
+from modelswap_sidecar.gateway.upstream import Upstream, forwarded_headers
+
+logger = logging.getLogger(__name__)
+
+INFER_HEADER_LENGTH = "Inference-Header-Content-Length"
+_MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+
+
+def add_routes(app: web.Application) -> None:
+    router = app.router
+    router.add_get("/v2/health/live", _live, allow_head=False)
+    router.add_get("/v2/health/ready", _server_ready, allow_head=False)
+    router.add_get("/v2", _server_metadata, allow_head=False)
+    for ns in ("", "/ns/{ns}"):
+        for model in _MODEL_PREFIXES:
+            base = ns + model
+            router.add_get(base, _metadata, allow_head=False)
+            router.add_get(base + "/ready", _model_ready, allow_head=False)
+            router.add_post(base + "/infer", _infer)
+            router.add_post(base + "/generate", _generate)
+            router.add_post(base + "/generate_stream", _generate_stream)
+
+
+def _gateway(request: web.Request) -> Gateway:
+    request[FLAVOUR] = "v2"
+    return request.app[GATEWAY]
+
+
+async def _live(request: web.Request) -> web.Response:
+    del request
+    return web.json_response({"live": True})
+
+
+async def _server_ready(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    async with await gw.upstream.open("GET", "/v2/health/ready") as response:
+        if response.status == 200:
+            return web.Response(status=200)
+    raise UpstreamError("Triton is not ready")
+
+
+async def _server_metadata(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    async with await gw.upstream.open("GET", "/v2") as response:
+        body = await Upstream.read(response)
+        return web.Response(status=response.status, body=body, content_type="application/json")
+
+
+def _triton_path(request: web.Request, triton_name: str, tail: str = "") -> str:
+    path = f"/v2/models/{triton_name}"
+    version = request.match_info.get("version")
+    if version is not None:
+        path += f"/versions/{version}"
+    return path + tail
+
+
+async def _metadata(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    route = route_for(gw, request, request.match_info["model"])
+    async with await gw.upstream.open("GET", _triton_path(request, route.triton_name)) as answer:
+        body = await Upstream.read(answer)
+        if answer.status >= 400 and not gw.directory.is_resident(route.uid):
+            raise ModelSwappedOutError(
+                f"{route.namespace}/{route.name} is swapped out; its metadata is served "
+                "again after its next inference",
+                retry_after_seconds=gw.settings.retry_after_seconds,
+            )
+        return web.Response(
+            status=answer.status,
+            body=rename_json(body, route.triton_name, route.name),
+            content_type="application/json",
+        )
+
+
+async def _model_ready(request: web.Request) -> web.Response:
+    gw = _gateway(request)
+    route = route_for(gw, request, request.match_info["model"])
+    state = gw.directory.swap_state(route.uid)
+    if not gw.directory.is_resident(route.uid):
+        return web.Response(status=200, headers={STATE_HEADER: state})
+    path = _triton_path(request, route.triton_name, "/ready")
+    async with await gw.upstream.open("GET", path) as answer:
+        body = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+        headers = {STATE_HEADER: state}
+        return web.Response(status=answer.status, body=body or None, headers=headers)
+
+
+def _refuse_decoupled(route: ModelRoute, what: str) -> None:
+    if route.decoupled:
+        raise BadRequestError(
+            f"{route.name} is a decoupled model: Triton serves it through generate_stream "
+            f"only, not {what}; use /v2/models/{route.name}/generate_stream or "
+            "/v1/completions"
+        )
+
+
+async def _infer(request: web.Request) -> web.StreamResponse:
+    gw = _gateway(request)
+    route = route_for(gw, request, request.match_info["model"])
+    _refuse_decoupled(route, "infer")
+    return await _whole(gw, request, route, "/infer")
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    gw = _gateway(request)
+    route = route_for(gw, request, request.match_info["model"])
+    _refuse_decoupled(route, "generate")
+    return await _whole(gw, request, route, "/generate")
+
+
+async def _whole(
+    gw: Gateway, request: web.Request, route: ModelRoute, tail: str
+) -> web.StreamResponse:
+    """A request with one answer: forwarded as is, its answer renamed."""
+    body = await request.read()
+    exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=False))
+    try:
+        headers = forwarded_headers(request.headers)
+        async with await exchange.forward("POST", tail, body=body, headers=headers) as answer:
+            raw = await Upstream.read(answer)
+            length_text = answer.headers.get(INFER_HEADER_LENGTH)
+            length = int(length_text) if length_text and length_text.isdigit() else None
+            renamed, new_length = rename_infer_response(raw, length, route.triton_name, route.name)
+            out_headers = {} if new_length is None else {INFER_HEADER_LENGTH: str(new_length)}
+            content_type = answer.headers.get("Content-Type", "application/json")
+            exchange.record()
+            return await exchange.answer(
+                answer.status, renamed, content_type.split(";")[0], out_headers
+            )
+    except GatewayError as e:
+        return await exchange.fail(e)
+
+
+async def _generate_stream(request: web.Request) -> web.StreamResponse:
+    """Triton's event stream passed through event by event, renamed."""
+    gw = _gateway(request)
+    route = route_for(gw, request, request.match_info["model"])
+    body = await request.read()
+    exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=True))
+    try:
+        headers = forwarded_headers(request.headers)
+        async with await exchange.forward(
+            "POST", "/generate_stream", body=body, headers=headers
+        ) as answer:
+            if answer.status != 200:
+                raw = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+                return await exchange.answer(answer.status, raw, "application/json")
+            parser = sse.EventParser()
+            async for chunk in Upstream.chunks(answer):
+                for event in parser.feed(chunk):
+                    await _pass_event(exchange, event, route.triton_name, route.name)
+            for event in parser.close():
+                await _pass_event(exchange, event, route.triton_name, route.name)
+            stream = await exchange.stream()
+            await stream.write_eof()
+            return stream
+    except GatewayError as e:
+        return await exchange.fail(e)
+    finally:
+        exchange.record()
+
+
+async def _pass_event(exchange: Exchange, event: sse.Event, triton_name: str, name: str) -> None:
+    data = rename_json(event.data.encode(), triton_name, name).decode()
+    await exchange.write(sse.data_event(data, None if event.event == "message" else event.event))
