@@ -1,0 +1,139 @@
+"""Expected answers of the example models, computed from their committed weight files.
+
+Independent of the models' own code (and of Triton and the agent): tests and demos compare
+what a served model answers with these, before and after swaps.
+
+    from examples.models.reference import mlp_forward, mlp_checksum, tinylm_generate
+    mlp_forward(x)                       # (n, 8) float64 outputs of the MLP
+    mlp_checksum(32 << 20)               # CRC-32 of a 32 MiB weights region
+    tinylm_generate([1, 2, 3], 5)        # five tokens, with the KV tier of each
+
+Standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MLP_DIR = HERE / "mlp"
+TINYLM_DIR = HERE / "tinylm"
+MLP_SIZES = (16, 64, 8)
+TINYLM_VOCAB = 64
+TINYLM_DIM = 16
+TINYLM_TOKENS_PER_BLOCK = 16
+MODULUS = 1009
+SCORE_MODULUS = 17
+
+
+def tiled(data: bytes, size_bytes: int) -> bytes:
+    """`data` repeated to exactly `size_bytes` (what a model writes into its region)."""
+    repeats = -(-size_bytes // len(data))
+    return (data * repeats)[:size_bytes]
+
+
+def region_checksum(weight_file: Path, size_bytes: int) -> int:
+    return zlib.crc32(tiled(weight_file.read_bytes(), size_bytes))
+
+
+# -- mlp ---------------------------------------------------------------------------------
+
+
+def mlp_layers(model_dir: Path = MLP_DIR) -> list[tuple[np.ndarray, np.ndarray]]:
+    flat = np.frombuffer((model_dir / "1" / "weights.f32").read_bytes(), dtype="<f4")
+    layers, offset = [], 0
+    for n_in, n_out in itertools.pairwise(MLP_SIZES):
+        w = flat[offset : offset + n_in * n_out].reshape(n_in, n_out).astype(np.float64)
+        offset += n_in * n_out
+        b = flat[offset : offset + n_out].astype(np.float64)
+        offset += n_out
+        layers.append((w, b))
+    return layers
+
+
+def mlp_forward(x: np.ndarray, model_dir: Path = MLP_DIR) -> np.ndarray:
+    """Outputs for inputs `x` of shape (n, 16): ReLU between layers, none after the last."""
+    layers = mlp_layers(model_dir)
+    h = np.asarray(x, dtype=np.float64)
+    for i, (w, b) in enumerate(layers):
+        h = h @ w + b
+        if i < len(layers) - 1:
+            h = np.maximum(h, 0.0)
+    return h
+
+
+def mlp_checksum(weights_bytes: int, model_dir: Path = MLP_DIR) -> int:
+    return region_checksum(model_dir / "1" / "weights.f32", weights_bytes)
+
+
+def mlp_input(seed: int, rows: int = 4) -> np.ndarray:
+    """A deterministic input batch for tests and demos."""
+    return np.random.default_rng(seed).standard_normal((rows, MLP_SIZES[0])).astype(np.float32)
+
+
+# -- tinylm --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Token:
+    token: int
+    index: int
+    tier: int  # 0: the KV block of the position that produced it is in HBM, 1: host
+
+
+def tinylm_weights(model_dir: Path = TINYLM_DIR) -> list[np.ndarray]:
+    flat = np.frombuffer((model_dir / "1" / "weights.i32").read_bytes(), dtype="<i4")
+    v, d = TINYLM_VOCAB, TINYLM_DIM
+    out, offset = [], 0
+    for a, b in ((v, d), (d, d), (d, d), (d, d), (d, v)):
+        out.append(flat[offset : offset + a * b].reshape(a, b).astype(np.int64))
+        offset += a * b
+    return out
+
+
+def tinylm_generate(
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    offload_after_tokens: int = 4096,
+    model_dir: Path = TINYLM_DIR,
+) -> list[Token]:
+    """The tokens tinylm streams for `prompt`, each with its KV tier."""
+    emb, wq, wk, wv, wo = tinylm_weights(model_dir)
+    keys: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+
+    def step(token: int, position: int) -> int:
+        x = emb[token] + (position % 7 - 3)
+        q, k, v = (x @ wq) % MODULUS, (x @ wk) % MODULUS, (x @ wv) % MODULUS
+        keys.append(k)
+        values.append(v)
+        acc = np.zeros(TINYLM_DIM, dtype=np.int64)
+        for ki, vi in zip(keys, values, strict=True):
+            acc += (int(q @ ki) % SCORE_MODULUS + 1) * vi
+        return int(np.argmax((acc % MODULUS + x) @ wo))
+
+    def tier(position: int) -> int:
+        first = (position // TINYLM_TOKENS_PER_BLOCK) * TINYLM_TOKENS_PER_BLOCK
+        return 1 if first >= offload_after_tokens else 0
+
+    token = 0
+    for position, t in enumerate(prompt):
+        token = step(t, position)
+    position = len(prompt) - 1
+    out = []
+    for index in range(max_tokens):
+        out.append(Token(token, index, tier(position)))
+        if index < max_tokens - 1:
+            position += 1
+            token = step(token, position)
+    return out
+
+
+def tinylm_checksum(weights_bytes: int, model_dir: Path = TINYLM_DIR) -> int:
+    return region_checksum(model_dir / "1" / "weights.i32", weights_bytes)

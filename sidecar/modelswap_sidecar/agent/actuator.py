@@ -1,0 +1,360 @@
+"""Side effects on models: place and load, swap out and in, drop, unload, forget, reload.
+
+Every operation on one model holds that model's lock, so a policy swap-out, a manual
+swap-in and an unload never overlap; the loops skip a model whose lock is held. Decisions
+come from pure code (`placement.place`, the `Policy`); this module carries them out and
+keeps each record's serving state, counters and times. Engine calls block (threads and
+client round trips), so they run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from modelswap_api.control import ActionResult
+from modelswap_sidecar.agent.errors import LoadError
+from modelswap_sidecar.agent.loading import ModelLoader
+from modelswap_sidecar.agent.placement import Deferral, Placement, place
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
+from modelswap_sidecar.engine.core import Engine
+from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.metrics import ModelLabels, NodeMetrics
+from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
+from modelswap_sidecar.policy.facade import Policy
+from modelswap_sidecar.policy.inputs import NodeView, Residency
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+#: How long a manual swap-in waits for swap-outs or loads under way before refusing.
+ADMISSION_WAIT_SECONDS = 30.0
+_ADMISSION_RETRY_SECONDS = 0.1
+
+
+def labels_of(model: AgentModel) -> ModelLabels:
+    return ModelLabels(uid=model.uid, namespace=model.entry.namespace, name=model.entry.name)
+
+
+class Actuator:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        loader: ModelLoader,
+        policy: Policy,
+        gpu_uuids: tuple[str, ...],
+        metrics: NodeMetrics | None,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
+    ) -> None:
+        self.engine = engine
+        self.loader = loader
+        self.policy = policy
+        self.gpu_uuids = gpu_uuids
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.records: dict[str, AgentModel] = {}
+        #: Off while fenced: nothing new is loaded or swapped in (set by the assembly).
+        self.may_load_new: Callable[[], bool] = lambda: True
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- what the decisions read -------------------------------------------------------------
+
+    def lock_of(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def busy(self, uid: str) -> bool:
+        return self.lock_of(uid).locked()
+
+    def ordinal_of(self, uuid: str) -> int:
+        return self.gpu_uuids.index(uuid)
+
+    def gpu_budgets(self) -> list[GpuBudget]:
+        return [
+            GpuBudget(ordinal=i, uuid=u, budget_bytes=self.engine.budget(i).budget_bytes)
+            for i, u in enumerate(self.gpu_uuids)
+        ]
+
+    def engine_states(self) -> dict[str, EngineState]:
+        return {s.name: s.state for s in self.engine.statuses()}
+
+    def view(self) -> NodeView:
+        return node_view(
+            list(self.records.values()), self.engine_states(), self.gpu_budgets(), self.clock()
+        )
+
+    def engine_state(self, model: AgentModel) -> EngineState | None:
+        try:
+            return self.engine.status(model.triton_name).state
+        except UnknownModel:
+            return None
+
+    # -- background work ---------------------------------------------------------------------
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- placing and loading -----------------------------------------------------------------
+
+    def candidate_gpus(self, model: AgentModel) -> list[str]:
+        """The operator's GPU, else the GPU the engine keeps host copies for, else all."""
+        if model.entry.gpu is not None:
+            return [model.entry.gpu]
+        if model.gpu is not None:
+            return [self.gpu_uuids[model.gpu]]
+        try:
+            return [self.gpu_uuids[self.engine.model(model.triton_name).config.gpu]]
+        except UnknownModel:
+            return list(self.gpu_uuids)
+
+    def try_place(self, model: AgentModel) -> Placement | Deferral:
+        now = self.clock()
+        if not self.may_load_new():
+            return Deferral(
+                reason="Fenced",
+                message="Lease renewals and operator pushes have both failed for the grace "
+                "period; nothing new is loaded",
+            )
+        candidate = model_view(model, Residency.SWAPPED_OUT, self.candidate_gpus(model)[0], now)
+        return place(self.view(), candidate, self.candidate_gpus(model), now, self.policy.settings)
+
+    def start_load(self, model: AgentModel, placement: Placement) -> None:
+        model.gpu = self.ordinal_of(placement.gpu)
+        model.serving = Serving.LOADING
+        model.reason, model.message = "Loading", placement.message
+        self.spawn(self._load(model, placement.victims), f"load-{model.uid}")
+
+    async def _load(self, model: AgentModel, victims: tuple[SwapOut, ...]) -> None:
+        async with self.lock_of(model.uid):
+            for victim in victims:
+                await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+            await self._load_locked(model)
+
+    async def _load_locked(self, model: AgentModel) -> None:
+        started = self.clock()
+        try:
+            await self.loader.load(model)
+        except LoadError as e:
+            log.warning("model %s (%s): %s", model.uid, model.entry.name, e.message)
+            model.fail(e.reason, e.message, self.clock())
+            return
+        model.serving = Serving.LOADED
+        model.reason, model.message = "Loaded", ""
+        model.resident_since_seconds = self.clock()
+        if self.metrics is not None:
+            self.metrics.observe_load(labels_of(model), self.clock() - started)
+        log.info(
+            "model %s/%s (uid %s) serving on GPU %s",
+            model.entry.namespace,
+            model.entry.name,
+            model.uid,
+            model.gpu,
+        )
+
+    def reconcile(self) -> None:
+        """Place every desired model that waits for a place (pending, deferred, failed and
+        due for a retry)."""
+        now = self.clock()
+        for model in list(self.records.values()):
+            if not model.desired or self.busy(model.uid):
+                continue
+            if model.serving is Serving.FAILED:
+                due = (model.failed_at_seconds or 0.0) + self._retry_seconds
+                if now < due and model.failed_generation == model.entry.generation:
+                    continue
+            elif model.serving not in (Serving.PENDING, Serving.DEFERRED):
+                continue
+            decision = self.try_place(model)
+            if isinstance(decision, Placement):
+                self.start_load(model, decision)
+            else:
+                model.serving = Serving.DEFERRED
+                model.reason, model.message = decision.reason, decision.message
+
+    _retry_seconds = 60.0
+
+    def set_retry_seconds(self, seconds: float) -> None:
+        self._retry_seconds = seconds
+
+    # -- swaps -------------------------------------------------------------------------------
+
+    async def swap_out_uid(self, uid: str, *, reason: str) -> ActionResult:
+        model = self.records.get(uid)
+        if model is None:
+            return ActionResult(uid=uid, outcome="unchanged", reason="NotHeld")
+        return await self.swap_out(model, reason=reason)
+
+    async def swap_out(self, model: AgentModel, *, reason: str) -> ActionResult:
+        async with self.lock_of(model.uid):
+            return await self._swap_out(model, reason)
+
+    async def _swap_out(self, model: AgentModel, reason: str) -> ActionResult:
+        if model.policy.pinned:
+            return ActionResult(
+                uid=model.uid, outcome="refused", reason="Pinned", message="pinned models stay"
+            )
+        if model.serving is not Serving.LOADED:
+            return ActionResult(uid=model.uid, outcome="unchanged", reason=str(model.serving))
+        idle = self._idle_seconds(model)
+        started = self.clock()
+        if model.drops:
+            await self.loader.unload(model, release_source=False)
+            model.serving = Serving.DROPPED
+            model.resident_since_seconds = None
+        else:
+            if self.engine_state(model) is not EngineState.RESIDENT:
+                return ActionResult(
+                    uid=model.uid, outcome="unchanged", reason=str(self.engine_state(model))
+                )
+            try:
+                await asyncio.to_thread(self.engine.swap_out, model.triton_name, reason)
+            except EngineError as e:
+                return ActionResult(
+                    uid=model.uid, outcome="refused", reason=type(e).__name__, message=str(e)
+                )
+            model.resident_since_seconds = None
+        model.swap_outs += 1
+        if self.metrics is not None and model.gpu is not None:
+            self.metrics.observe_swap_out(
+                labels_of(model),
+                self.gpu_uuids[model.gpu],
+                reason=reason,
+                seconds=self.clock() - started,
+                bytes_moved=0 if model.drops else model.kv_cache_bytes,
+                idle_seconds=idle,
+            )
+        log.info("model %s swapped out (%s, idle %.1f s)", model.uid, reason, idle)
+        return ActionResult(uid=model.uid, outcome="completed", reason="SwappedOut")
+
+    def _idle_seconds(self, model: AgentModel) -> float:
+        marks = [t for t in (model.last_request_seconds, model.resident_since_seconds) if t]
+        return max(self.clock() - max(marks), 0.0) if marks else 0.0
+
+    async def swap_in(self, model: AgentModel) -> ActionResult:
+        async with self.lock_of(model.uid):
+            return await self._swap_in(model)
+
+    async def _swap_in(self, model: AgentModel) -> ActionResult:
+        if model.serving not in (Serving.LOADED, Serving.DROPPED):
+            return ActionResult(
+                uid=model.uid,
+                outcome="refused",
+                reason="NotLoaded",
+                message=f"the model is {model.serving}: {model.message}".rstrip(": "),
+            )
+        deadline = self.clock() + ADMISSION_WAIT_SECONDS
+        while True:
+            admission = self.policy.admit(self.view(), model.uid)
+            if admission.outcome is not AdmissionOutcome.WAIT or self.clock() >= deadline:
+                break
+            await asyncio.sleep(_ADMISSION_RETRY_SECONDS)
+        if admission.reason == "AlreadyResident":
+            return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
+        if admission.outcome is not AdmissionOutcome.ADMIT:
+            return ActionResult(
+                uid=model.uid,
+                outcome="refused",
+                reason=admission.reason,
+                message=admission.message,
+            )
+        for victim in admission.victims:
+            await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+        started = self.clock()
+        if model.serving is Serving.DROPPED:
+            model.serving = Serving.LOADING
+            await self._load_locked(model)
+            if model.serving is not Serving.LOADED:
+                return ActionResult(
+                    uid=model.uid, outcome="refused", reason=model.reason, message=model.message
+                )
+        else:
+            try:
+                await asyncio.to_thread(self.engine.swap_in, model.triton_name)
+            except EngineError as e:
+                return ActionResult(
+                    uid=model.uid, outcome="refused", reason=type(e).__name__, message=str(e)
+                )
+            model.resident_since_seconds = self.clock()
+        model.swap_ins += 1
+        if self.metrics is not None and model.gpu is not None:
+            self.metrics.observe_swap_in(
+                labels_of(model),
+                self.gpu_uuids[model.gpu],
+                self.clock() - started,
+                model.weights_bytes,
+            )
+        return ActionResult(uid=model.uid, outcome="completed", reason="SwappedIn")
+
+    # -- unloading ---------------------------------------------------------------------------
+
+    async def unload(self, model: AgentModel) -> None:
+        """Missing from the set past the grace period: out of Triton, host bytes kept."""
+        async with self.lock_of(model.uid):
+            model.desired = False
+            if model.serving in (Serving.LOADED, Serving.LOADING, Serving.DROPPED):
+                model.serving = Serving.UNLOADING
+                started = self.clock()
+                await self.loader.unload(model)
+                if self.metrics is not None:
+                    self.metrics.observe_unload(labels_of(model), self.clock() - started)
+            elif model.resolved is not None:
+                self.loader.resolver.release(model.resolved)
+                model.resolved = None
+            model.serving = Serving.UNLOADED
+            model.reason = "Unloaded"
+            model.message = "missing from the desired set; host-store bytes kept"
+            model.resident_since_seconds = None
+
+    async def forget(self, model: AgentModel) -> None:
+        """Unload and delete everything held for the model, host-store bytes included."""
+        await self.unload(model)
+        async with self.lock_of(model.uid):
+            remove = getattr(self.engine, "remove_model", None)
+            if remove is not None:
+                with contextlib.suppress(UnknownModel):
+                    await asyncio.to_thread(remove, model.triton_name)
+            else:
+                log.warning(
+                    "model %s: this engine cannot remove models; its host copy stays until "
+                    "host-store pressure evicts it",
+                    model.uid,
+                )
+            self.records.pop(model.uid, None)
+            if self.metrics is not None:
+                self.metrics.forget_model(labels_of(model))
+
+    # -- after a Triton restart ----------------------------------------------------------------
+
+    def reload_all(self) -> int:
+        """Load again every model Triton served (from the host store; stubs restore)."""
+        count = 0
+        for model in self.records.values():
+            if model.desired and model.serving in (Serving.LOADED, Serving.LOADING):
+                model.serving = Serving.LOADING
+                model.reason, model.message = "Reloading", "Triton restarted"
+                self.spawn(self._reload(model), f"reload-{model.uid}")
+                count += 1
+            elif model.serving is Serving.FAILED:
+                model.failed_at_seconds = None  # it may have failed against the dead Triton
+        return count
+
+    async def _reload(self, model: AgentModel) -> None:
+        async with self.lock_of(model.uid):
+            if model.desired and model.serving is Serving.LOADING:
+                await self._load_locked(model)

@@ -1,0 +1,307 @@
+"""How the agent is put together and run: one asyncio process.
+
+    engine (sim allocator, host store, Triton stub voucher) + its protocol server (threads)
+    source resolver + cache, Triton driver, metrics registry
+    actuator (side effects) ← backend (NodeBackend) ← control service + aiohttp app
+    policy loop, runtime watch, adoption of the models a previous agent held
+
+`run_agent(settings)` returns when SIGTERM or SIGINT arrives, after closing everything it
+opened. Triton itself is not started here: the supervisor (or local mode, or a test) runs
+it and tells the agent its pid through the pid source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from modelswap_sidecar.agent import reports
+from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.backend import AgentBackend
+from modelswap_sidecar.agent.desired_file import load_entries
+from modelswap_sidecar.agent.loading import ModelLoader
+from modelswap_sidecar.agent.loops import PolicyLoop, RuntimeWatch
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.tritonpid import TritonPidSource
+from modelswap_sidecar.allocators.sim import SimAllocator
+from modelswap_sidecar.control.app import make_app
+from modelswap_sidecar.control.app import start as start_control
+from modelswap_sidecar.control.auth import TokenFile
+from modelswap_sidecar.control.service import ControlService
+from modelswap_sidecar.control.settings import ControlSettings
+from modelswap_sidecar.engine.core import Engine, EngineSettings
+from modelswap_sidecar.engine.errors import UnknownModel
+from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.server import EngineServer, harden_process
+from modelswap_sidecar.metrics import NodeMetrics, metrics_app
+from modelswap_sidecar.policy.facade import Policy
+from modelswap_sidecar.policy.inputs import PolicySettings
+from modelswap_sidecar.sources.cache import CacheSettings, SourceCache
+from modelswap_sidecar.sources.resolver import SourceResolver
+from modelswap_sidecar.triton.driver import TritonDriver
+from modelswap_sidecar.triton.errors import TritonError
+from modelswap_sidecar.triton.repository import ModelRepository
+from modelswap_sidecar.triton.stubs import TritonVoucher
+
+log = logging.getLogger(__name__)
+
+DESIRED_FILE = "desired.json"
+REVISION_FILE = "revision.json"
+ENDPOINTS_FILE = "agent.json"
+
+
+@dataclass
+class Agent:
+    settings: AgentSettings
+    engine: Engine
+    allocator: SimAllocator
+    server: EngineServer
+    driver: TritonDriver
+    cache: SourceCache
+    actuator: Actuator
+    backend: AgentBackend
+    service: ControlService
+    registry: CollectorRegistry
+    policy_loop: PolicyLoop
+    watch: RuntimeWatch
+
+
+def build_engine(settings: AgentSettings, voucher: TritonVoucher) -> tuple[Engine, SimAllocator]:
+    allocator = SimAllocator(
+        capacities_bytes=[g.capacity_bytes for g in settings.gpus],
+        pool_chunk_bytes=settings.pool_chunk_bytes,
+    )
+    store = HostStore(
+        settings.host_store_dir,
+        dict.fromkeys(range(len(settings.gpus)), settings.host_store_capacity_bytes),
+    )
+    engine_settings = EngineSettings(
+        drain_timeout_seconds=settings.policy.drain_timeout_seconds,
+        reserve_bytes={i: g.reserve_bytes for i, g in enumerate(settings.gpus)},
+        overhead_bytes_per_process=settings.overhead_bytes_per_process,
+    )
+    engine = Engine(allocator, store, voucher, engine_settings)
+    engine.recover()  # a previous agent's models; their clients readopt within the grace
+    return engine, allocator
+
+
+@contextlib.asynccontextmanager
+async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
+    """Every part built and started; all of it closed on exit."""
+    for folder in (settings.socket_dir, settings.state_dir):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.socket_dir.chmod(0o755)  # stubs (another uid) reach the socket through it
+    pid_source = TritonPidSource(
+        pid_file=settings.triton.pid_file,
+        supervisor_state_file=settings.triton.supervisor_state_file,
+    )
+    engine, allocator = build_engine(settings, TritonVoucher(pid_source))
+    server = EngineServer(engine, settings.socket_path)
+    server.start()
+    repository = ModelRepository(settings.triton.repository)
+    repository.create()
+    driver = TritonDriver(
+        settings.triton.url,
+        repository,
+        request_timeout_seconds=settings.triton.request_timeout_seconds,
+        load_timeout_seconds=settings.triton.load_timeout_seconds,
+    )
+    cache = SourceCache(
+        CacheSettings(
+            root=settings.source_cache_dir,
+            capacity_bytes=settings.source_cache_capacity_bytes,
+            max_download_bytes=settings.source_max_download_bytes,
+            trust_env=settings.source_trust_env,
+        )
+    )
+    loader = ModelLoader(
+        engine=engine,
+        driver=driver,
+        resolver=SourceResolver(cache),
+        socket_path=settings.socket_path,
+        model_roots=settings.model_roots,
+    )
+    registry = CollectorRegistry()
+    holder: dict[str, Actuator] = {}
+    metrics = NodeMetrics(
+        registry,
+        lambda: reports.node_sample(
+            engine, list(holder["actuator"].records.values()), settings.gpu_uuids
+        ),
+    )
+    policy = Policy(
+        PolicySettings(
+            high_watermark_fraction=settings.policy.high_watermark_fraction,
+            low_watermark_fraction=settings.policy.low_watermark_fraction,
+        ),
+        time.monotonic,
+    )
+    actuator = Actuator(
+        engine=engine,
+        loader=loader,
+        policy=policy,
+        gpu_uuids=settings.gpu_uuids,
+        metrics=metrics,
+    )
+    actuator.set_retry_seconds(settings.policy.retry_failed_seconds)
+    holder["actuator"] = actuator
+    backend = AgentBackend(
+        actuator,
+        node_name=settings.node_name,
+        agent_version=settings.agent_version,
+        defaults=settings.defaults,
+        desired_file=settings.state_dir / DESIRED_FILE,
+    )
+    service = ControlService(
+        backend,
+        ControlSettings(
+            node_name=settings.node_name,
+            token_file=settings.token_file,
+            state_file=settings.state_dir / REVISION_FILE,
+            host=settings.control_host,
+            port=settings.control_port,
+            grace_seconds=settings.grace_seconds,
+            fencing_enabled=not settings.local_mode,
+            tls_cert_file=settings.tls_cert_file,
+            tls_key_file=settings.tls_key_file,
+        ),
+        clock=time.monotonic,
+    )
+    actuator.may_load_new = service.may_load_new
+    interval = settings.policy.interval_seconds
+    agent = Agent(
+        settings=settings,
+        engine=engine,
+        allocator=allocator,
+        server=server,
+        driver=driver,
+        cache=cache,
+        actuator=actuator,
+        backend=backend,
+        service=service,
+        registry=registry,
+        policy_loop=PolicyLoop(actuator, driver, interval_seconds=interval, metrics=metrics),
+        watch=RuntimeWatch(
+            actuator, driver, pid_source, interval_seconds=interval, metrics=metrics
+        ),
+    )
+    try:
+        yield agent
+    finally:
+        await actuator.close()
+        await driver.close()
+        await cache.close()
+        server.close()
+        engine.close()
+        allocator.close()
+
+
+async def adopt(agent: Agent) -> int:
+    """Take back the models a previous agent held (from its desired file), once Triton is
+    ready: a model Triton still serves is LOADED (its clients readopt), any other is loaded
+    again by the policy loop (restored from the host store when the engine kept a copy)."""
+    await agent.watch.first_ready.wait()
+    try:
+        index = await agent.driver.repository_index()
+    except TritonError as e:
+        log.warning("cannot read Triton's repository index to adopt models: %s", e)
+        index = {}
+    count = 0
+    for entry in load_entries(agent.settings.state_dir / DESIRED_FILE):
+        if entry.uid in agent.actuator.records:
+            continue  # the operator pushed it first
+        try:
+            policy = agent.backend.policy_of(entry)
+        except Exception as e:
+            log.warning("not adopting %s: %s", entry.uid, e)
+            continue
+        model = AgentModel(entry=entry, policy=policy)
+        try:
+            model.gpu = agent.engine.model(model.triton_name).config.gpu
+        except UnknownModel:
+            model.gpu = None
+        served = index.get(model.triton_name)
+        if served is not None and served.state == "READY" and model.gpu is not None:
+            model.serving = Serving.LOADED
+            model.resident_since_seconds = time.monotonic()
+            model.reason = "Adopted"
+        agent.actuator.records[entry.uid] = model
+        count += 1
+    if count:
+        log.info("adopted %d model(s) held before this agent started", count)
+    return count
+
+
+async def _serve_metrics(settings: AgentSettings, registry: CollectorRegistry) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(registry))
+    await runner.setup()
+    await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
+    return runner
+
+
+def _port_of(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0
+
+
+def write_endpoints(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
+
+
+async def run_agent(settings: AgentSettings) -> int:
+    harden_process()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with assembled(settings) as agent:
+        control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
+        metrics_runner = None
+        if settings.metrics_port:
+            metrics_runner = await _serve_metrics(settings, agent.registry)
+        tasks = [
+            asyncio.create_task(agent.watch.run(), name="runtime-watch"),
+            asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
+            asyncio.create_task(adopt(agent), name="adopt"),
+        ]
+        write_endpoints(
+            settings.state_dir / ENDPOINTS_FILE,
+            {
+                "pid": os.getpid(),
+                "controlPort": _port_of(control),
+                "metricsPort": _port_of(metrics_runner) if metrics_runner else None,
+                "socket": str(settings.socket_path),
+            },
+        )
+        log.info(
+            "agent for node %s ready: control port %d, %d GPU(s)",
+            settings.node_name,
+            _port_of(control),
+            len(settings.gpus),
+        )
+        await stop.wait()
+        log.info("stopping the agent")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await control.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+    return 0

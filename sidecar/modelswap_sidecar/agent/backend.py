@@ -1,0 +1,163 @@
+"""`AgentBackend`: the control API's `NodeBackend` over the real engine, sources and Triton.
+
+`converge` answers at once: per entry it computes the effective policy (a policy that is
+only wrong after the merge over the cluster defaults is a `conflict` naming both fields),
+updates a held model's policy in place (the engine's pinned/priority/KV mode too), and
+places a new one (`placement.place`): `applied` when a GPU admits it (the load then runs
+in the background and shows in `models()`), `deferred` with the reason when none does.
+Loads, reloads and retries of deferred or failed entries continue in the policy loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from modelswap_api.control import (
+    ActionResult,
+    DesiredEntry,
+    EntryResult,
+    ModelInfo,
+    NodeInfo,
+    Outcome,
+)
+from modelswap_api.errors import PolicyError
+from modelswap_api.policy import EffectivePolicy, effective_policy
+from modelswap_sidecar.agent import reports
+from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.desired_file import save_entries
+from modelswap_sidecar.agent.loading import engine_config
+from modelswap_sidecar.agent.placement import Placement
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.control.errors import UnknownModelError
+from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+
+log = logging.getLogger(__name__)
+
+
+def _result(uid: str, outcome: Outcome, reason: str, message: str = "") -> EntryResult:
+    return EntryResult(uid=uid, outcome=outcome, reason=reason, message=message or None)
+
+
+class AgentBackend:
+    def __init__(
+        self,
+        actuator: Actuator,
+        *,
+        node_name: str,
+        agent_version: str,
+        defaults: Mapping[str, Any],
+        desired_file: Path,
+    ) -> None:
+        self.actuator = actuator
+        self.node_name = node_name
+        self.agent_version = agent_version
+        self.defaults = defaults
+        self.desired_file = desired_file
+
+    @property
+    def records(self) -> dict[str, AgentModel]:
+        return self.actuator.records
+
+    def policy_of(self, entry: DesiredEntry) -> EffectivePolicy:
+        return effective_policy(entry.spec.to_dict(), self.defaults)
+
+    # -- NodeBackend ---------------------------------------------------------------------------
+
+    async def converge(self, entries: Sequence[DesiredEntry]) -> Sequence[EntryResult]:
+        results = [await self._take(entry) for entry in entries]
+        await asyncio.to_thread(
+            save_entries, self.desired_file, [m.entry for m in self.records.values() if m.desired]
+        )
+        return results
+
+    async def _take(self, entry: DesiredEntry) -> EntryResult:
+        gpus = self.actuator.gpu_uuids
+        if entry.gpu is not None and entry.gpu not in gpus:
+            return _result(entry.uid, "conflict", "UnknownGpu", f"no GPU {entry.gpu} on this node")
+        try:
+            policy = self.policy_of(entry)
+        except PolicyError as e:
+            return _result(entry.uid, "conflict", "PolicyInvalid", str(e))
+        model = self.records.get(entry.uid)
+        if model is None:
+            model = self.records[entry.uid] = AgentModel(entry=entry, policy=policy)
+            return self._place_new(model)
+        return await self._update(model, entry, policy)
+
+    def _place_new(self, model: AgentModel) -> EntryResult:
+        decision = self.actuator.try_place(model)
+        if isinstance(decision, Placement):
+            self.actuator.start_load(model, decision)
+            return _result(model.uid, "applied", "Loading", decision.message)
+        model.serving = Serving.DEFERRED
+        model.reason, model.message = decision.reason, decision.message
+        return _result(model.uid, "deferred", decision.reason, decision.message)
+
+    async def _update(
+        self, model: AgentModel, entry: DesiredEntry, policy: EffectivePolicy
+    ) -> EntryResult:
+        changed_model = entry.spec.model != model.entry.spec.model
+        model.entry, model.policy = entry, policy
+        if model.gpu is not None and model.attaches:
+            try:
+                await asyncio.to_thread(self.actuator.engine.add_model, engine_config(model))
+            except UnknownModel:
+                pass
+            except EngineError as e:
+                log.warning("model %s: engine refused the new policy: %s", model.uid, e)
+        if not model.desired or model.serving is Serving.UNLOADED:
+            model.desired = True
+            model.serving = Serving.PENDING
+            return self._place_new(model)
+        if model.serving is Serving.FAILED:
+            if model.failed_generation != entry.generation:
+                return self._place_new(model)
+            return _result(model.uid, "deferred", model.reason, model.message)
+        if model.serving in (Serving.PENDING, Serving.DEFERRED):
+            return self._place_new(model)
+        note = f"{model.serving} on GPU {model.gpu}"
+        if changed_model:
+            note += "; spec.model changes take effect when the model is next loaded"
+        return _result(model.uid, "applied", "Updated", note)
+
+    async def unload(self, uid: str) -> None:
+        model = self.records.get(uid)
+        if model is not None:
+            await self.actuator.unload(model)
+            await asyncio.to_thread(
+                save_entries,
+                self.desired_file,
+                [m.entry for m in self.records.values() if m.desired],
+            )
+
+    async def forget(self, uid: str) -> bool:
+        model = self.records.get(uid)
+        if model is None:
+            return False
+        await self.actuator.forget(model)
+        return True
+
+    async def node_info(self) -> NodeInfo:
+        return reports.node_info(
+            self.actuator.engine, self.node_name, self.agent_version, self.actuator.gpu_uuids
+        )
+
+    async def models(self) -> Sequence[ModelInfo]:
+        engine, uuids = self.actuator.engine, self.actuator.gpu_uuids
+        return [reports.model_info(engine, m, uuids) for m in self.records.values()]
+
+    async def swap_in(self, uid: str) -> ActionResult:
+        return await self.actuator.swap_in(self._model(uid))
+
+    async def swap_out(self, uid: str) -> ActionResult:
+        return await self.actuator.swap_out(self._model(uid), reason="Manual")
+
+    def _model(self, uid: str) -> AgentModel:
+        model = self.records.get(uid)
+        if model is None or not model.desired:
+            raise UnknownModelError(uid)
+        return model

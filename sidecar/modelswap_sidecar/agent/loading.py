@@ -1,0 +1,156 @@
+"""Side effects of loading and unloading one model: source, engine registration, Triton.
+
+    load(model)     resolve spec.model.source (mounted roots mapped, credentials as an
+                    Authorization header), read its config.pbtxt (a non-python backend
+                    cannot attach: served with drop semantics), register the model with the
+                    engine on its GPU, and load it into Triton with ModelswapParameters so
+                    the stub's client attaches (restored from the host store when the engine
+                    holds a copy; else it loads from the source and commits)
+    unload(model)   unload from Triton (the stub exits; the engine keeps the host copy) and
+                    release the source-cache entry
+
+Failures raise `LoadError` with a CamelCase reason and a message naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from modelswap_api.control import SourceCredentials
+from modelswap_api.models import Source
+from modelswap_api.wire import KvMode
+from modelswap_sidecar.agent.errors import LoadError
+from modelswap_sidecar.agent.records import AgentModel
+from modelswap_sidecar.engine.core import Engine
+from modelswap_sidecar.engine.errors import EngineError
+from modelswap_sidecar.engine.records import ModelConfig
+from modelswap_sidecar.policy.kv import kv_pool_settings
+from modelswap_sidecar.sources.errors import FIELD as SOURCE_FIELD
+from modelswap_sidecar.sources.errors import SourceError
+from modelswap_sidecar.sources.resolver import SourceResolver
+from modelswap_sidecar.triton.config import ModelswapParameters, read_model_config
+from modelswap_sidecar.triton.driver import TritonDriver
+from modelswap_sidecar.triton.errors import ModelConfigInvalid, TritonError
+
+log = logging.getLogger(__name__)
+
+PYTHON_BACKEND = "python"
+
+
+def map_source(source: Source, model_roots: Mapping[str, Path]) -> Source:
+    """A mounted source's path as this host sees it (`/models/x` → `<root>/x`)."""
+    if source.is_url:
+        return source
+    for prefix, root in sorted(model_roots.items(), key=lambda kv: -len(kv[0])):
+        stem = prefix.rstrip("/")
+        if source.uri == stem or source.uri.startswith(stem + "/"):
+            return dataclasses.replace(source, uri=str(root) + source.uri[len(stem) :])
+    return source
+
+
+def authorization_of(credentials: SourceCredentials | None) -> str | None:
+    """The Authorization header value for the operator-resolved credentials (never logged)."""
+    if credentials is None:
+        return None
+    if credentials.bearer_token:
+        return f"Bearer {credentials.bearer_token}"
+    if credentials.username is not None and credentials.password is not None:
+        pair = f"{credentials.username}:{credentials.password}".encode()
+        return "Basic " + base64.b64encode(pair).decode()
+    for key, value in (credentials.headers or {}).items():
+        if key.lower() == "authorization":
+            return value
+    return None
+
+
+def engine_config(model: AgentModel) -> ModelConfig:
+    assert model.gpu is not None
+    return ModelConfig(
+        model.triton_name,
+        model.gpu,
+        KvMode(model.policy.kv),
+        pinned=model.policy.pinned,
+        priority=model.policy.priority,
+    )
+
+
+class ModelLoader:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        driver: TritonDriver,
+        resolver: SourceResolver,
+        socket_path: Path,
+        model_roots: Mapping[str, Path],
+        mapper: str = "sim",
+    ) -> None:
+        self.engine = engine
+        self.driver = driver
+        self.resolver = resolver
+        self.socket_path = socket_path
+        self.model_roots = model_roots
+        self.mapper = mapper
+
+    async def resolve(self, model: AgentModel) -> Path:
+        if model.resolved is None:
+            source = map_source(model.entry.spec.model.source, self.model_roots)
+            try:
+                model.resolved = await self.resolver.resolve(
+                    source, authorization=authorization_of(model.entry.credentials)
+                )
+            except SourceError as e:
+                raise LoadError("BadSource", str(e)) from e
+        return model.resolved.model_dir
+
+    def parameters(self, model: AgentModel) -> ModelswapParameters:
+        assert model.gpu is not None
+        kv = kv_pool_settings(model.policy, model.kv_cache_bytes)
+        return ModelswapParameters(
+            uid=model.uid,
+            gpu_ordinal=model.gpu,
+            weights_bytes=model.weights_bytes,
+            kv_cache_bytes=model.kv_cache_bytes,
+            agent_socket=str(self.socket_path),
+            mapper=self.mapper,
+            extra={
+                "kv_offload_after_tokens": str(kv.offload_after_tokens),
+                "kv_host_bytes": str(kv.host_bytes),
+                "kv_preserve": "true" if kv.preserve_on_swap_out else "false",
+            },
+        )
+
+    async def load(self, model: AgentModel) -> None:
+        """Load `model` (placed: `gpu` set) into Triton; LoadError on failure."""
+        model_dir = await self.resolve(model)
+        try:
+            config = await asyncio.to_thread(read_model_config, model_dir)
+        except ModelConfigInvalid as e:
+            raise LoadError("BadSource", f"{SOURCE_FIELD}: {e}") from e
+        model.attaches = config.backend == PYTHON_BACKEND
+        if model.attaches:
+            try:
+                await asyncio.to_thread(self.engine.add_model, engine_config(model))
+            except EngineError as e:
+                raise LoadError("EngineRefused", str(e)) from e
+        else:
+            log.info(
+                "model %s (%s backend) cannot attach: served with onSwapOut: drop",
+                model.uid,
+                config.backend or config.platform,
+            )
+        try:
+            await self.driver.load(model.uid, model_dir, self.parameters(model))
+        except TritonError as e:
+            raise LoadError("LoadFailed", str(e)) from e
+
+    async def unload(self, model: AgentModel, *, release_source: bool = True) -> None:
+        await self.driver.unload(model.uid)
+        if release_source and model.resolved is not None:
+            self.resolver.release(model.resolved)
+            model.resolved = None

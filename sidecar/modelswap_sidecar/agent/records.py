@@ -1,0 +1,87 @@
+"""What the agent holds per model: the desired entry, its effective policy, where it was
+placed, and where it stands in the runtime.
+
+`Serving` is the agent's own view (is the model loaded in Triton, or why not); the engine
+keeps the memory states (`EngineState`). A model that cannot attach to the client library
+(a non-python backend) is served with `onSwapOut: drop` semantics: swap-out unloads it and
+swap-in loads it again from its source.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from modelswap_api.control import DesiredEntry
+from modelswap_api.policy import EffectivePolicy
+from modelswap_sidecar.sources.resolver import ResolvedSource
+from modelswap_sidecar.triton.naming import triton_model_name
+
+
+class Serving(enum.StrEnum):
+    PENDING = "pending"  # taken, not placed yet
+    DEFERRED = "deferred"  # cannot be placed now (no room, fenced); retried
+    LOADING = "loading"  # placed; source resolving or Triton loading
+    LOADED = "loaded"  # Triton serves it
+    DROPPED = "dropped"  # unloaded by a `drop` swap-out; loaded again on swap-in
+    UNLOADING = "unloading"
+    UNLOADED = "unloaded"  # missing from the set past its grace; host bytes kept
+    FAILED = "failed"  # the load failed (bad source, refused); retried later
+
+
+@dataclass
+class AgentModel:
+    entry: DesiredEntry
+    policy: EffectivePolicy
+    serving: Serving = Serving.PENDING
+    #: In the operator's current set (False once unloaded past the grace period).
+    desired: bool = True
+    gpu: int | None = None  # ordinal, once placed
+    #: False for runtimes that cannot map memory through the client library.
+    attaches: bool = True
+    resolved: ResolvedSource | None = None
+    reason: str = ""
+    message: str = ""
+    #: When the model last became resident (monotonic seconds), for minResident.
+    resident_since_seconds: float | None = None
+    #: Last request seen (monotonic seconds): Triton's `last_inference`, or a swap-in.
+    last_request_seconds: float | None = None
+    last_request_wall_seconds: float | None = None
+    failed_at_seconds: float | None = None
+    failed_generation: int | None = None
+    #: The engine state seen by the last policy tick (resident-since bookkeeping).
+    engine_state: str = ""
+    swap_ins: int = 0
+    swap_outs: int = 0
+
+    @property
+    def uid(self) -> str:
+        return self.entry.uid
+
+    @property
+    def triton_name(self) -> str:
+        return triton_model_name(self.entry.uid)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.entry.spec.model.weights_bytes.bytes
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        kv = self.entry.spec.model.kv_cache_bytes
+        return kv.bytes if kv is not None else 0
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes
+
+    @property
+    def drops(self) -> bool:
+        """Swap-out unloads the model (policy `drop`, or a runtime that cannot attach)."""
+        return self.policy.on_swap_out == "drop" or not self.attaches
+
+    def fail(self, reason: str, message: str, now_seconds: float) -> None:
+        self.serving = Serving.FAILED
+        self.reason, self.message = reason, message
+        self.failed_at_seconds = now_seconds
+        self.failed_generation = self.entry.generation

@@ -1,0 +1,155 @@
+"""What the agent reports: `ModelInfo`/`NodeInfo` for the control API and the metrics'
+state sample, read from the records and the engine (no side effects)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import cast
+
+from modelswap_api.control import ModelInfo, NodeInfo
+from modelswap_api.models import GpuStatus, Link, Phase
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.engine.core import Engine, ModelStatus
+from modelswap_sidecar.engine.errors import UnknownModel
+from modelswap_sidecar.engine.states import EngineState, phase_of
+from modelswap_sidecar.metrics import GpuSample, ModelLabels, ModelSample, NodeSample
+
+S = EngineState
+
+#: Serving states that say more than the engine's state does.
+_OWN = {
+    Serving.PENDING: (S.LOADING, "Pending"),
+    Serving.DEFERRED: (S.LOADING, "Pending"),
+    Serving.LOADING: (S.LOADING, "Loading"),
+    Serving.DROPPED: (S.DROPPED, "Dropped"),
+    Serving.UNLOADING: (S.DRAINING, "SwappingOut"),
+    Serving.FAILED: (S.FAILED, "Failed"),
+}
+
+
+def rfc3339(wall_seconds: float | None) -> str | None:
+    if wall_seconds is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(wall_seconds, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def status_of(engine: Engine, model: AgentModel) -> ModelStatus | None:
+    if not model.attaches:
+        return None
+    try:
+        return engine.status(model.triton_name)
+    except UnknownModel:
+        return None
+
+
+def host_bytes_of(engine: Engine, model: AgentModel) -> int:
+    """Bytes of the model's committed host-store copies (weights and preserved KV)."""
+    try:
+        record = engine.model(model.triton_name)
+    except UnknownModel:
+        return 0
+    total = 0
+    for inst in list(record.instances.values()):
+        for region in list(inst.regions.values()):
+            for stored in (region.weights_file, region.kv_file):
+                if stored is not None:
+                    total += stored.size_bytes
+    return total
+
+
+def state_and_phase(model: AgentModel, status: ModelStatus | None) -> tuple[str, str]:
+    if model.serving in _OWN:
+        return _OWN[model.serving]
+    if model.serving is Serving.LOADED and not model.attaches:
+        return "resident", "Resident"
+    if status is None:
+        return (
+            ("swapped_out", "SwappedOut")
+            if model.serving is Serving.UNLOADED
+            else (
+                "loading",
+                "Loading",
+            )
+        )
+    return str(status.state), phase_of(status.state).phase
+
+
+def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) -> ModelInfo:
+    status = status_of(engine, model)
+    state, phase = state_and_phase(model, status)
+    resident = status.resident_bytes if status is not None else 0
+    if model.serving is Serving.LOADED and not model.attaches:
+        resident = model.hbm_bytes
+    message = model.message or (status.reason if status is not None else "")
+    return ModelInfo(
+        uid=model.uid,
+        namespace=model.entry.namespace,
+        name=model.entry.name,
+        generation=model.entry.generation,
+        state=state,
+        phase=cast(Phase, phase),
+        desired=model.desired,
+        gpu=gpu_uuids[model.gpu] if model.gpu is not None else None,
+        resident_bytes=resident,
+        host_bytes=host_bytes_of(engine, model),
+        last_request_time=rfc3339(model.last_request_wall_seconds),
+        swap_ins=max(model.swap_ins, status.swap_ins if status else 0),
+        swap_outs=max(model.swap_outs, status.swap_outs if status else 0),
+        last_swap_in_seconds=(
+            status.last_swap_in_seconds if status and status.last_swap_in_seconds else None
+        ),
+        message=f"{model.reason}: {message}" if message else model.reason or None,
+    )
+
+
+def node_info(
+    engine: Engine, node_name: str, agent_version: str, gpu_uuids: tuple[str, ...]
+) -> NodeInfo:
+    gpus = []
+    for ordinal, uuid in enumerate(gpu_uuids):
+        view = engine.budget(ordinal)
+        gpus.append(
+            GpuStatus(
+                uuid=uuid,
+                ordinal=ordinal,
+                product="sim",
+                hbm_total_bytes=view.total_bytes,
+                hbm_reserved_bytes=view.reserve_bytes,
+                per_process_overhead_bytes=view.overhead_bytes_per_process,
+                hbm_free_bytes=view.available_bytes,
+                host_store_bytes=engine.store.used_bytes(ordinal),
+                host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
+                link=Link(kind="sim"),
+            )
+        )
+    return NodeInfo(node_name=node_name, agent_version=agent_version, gpus=tuple(gpus))
+
+
+def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, ...]) -> NodeSample:
+    gpus = []
+    for ordinal, uuid in enumerate(gpu_uuids):
+        view = engine.budget(ordinal)
+        gpus.append(
+            GpuSample(
+                gpu=uuid,
+                total_bytes=view.total_bytes,
+                reserved_bytes=view.reserve_bytes,
+                overhead_bytes=view.overhead_bytes_per_process * view.processes,
+                used_bytes=view.used_bytes,
+                host_store_bytes=engine.store.used_bytes(ordinal),
+                host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
+            )
+        )
+    samples = []
+    for model in models:
+        info = model_info(engine, model, gpu_uuids)
+        samples.append(
+            ModelSample(
+                model=ModelLabels(uid=model.uid, namespace=info.namespace, name=info.name),
+                state=info.state,
+                resident_bytes=info.resident_bytes,
+                host_bytes=info.host_bytes,
+            )
+        )
+    return NodeSample(gpus=gpus, models=samples)

@@ -1,0 +1,251 @@
+"""The agent's settings: read once at start (a YAML file, then command-line overrides) into
+frozen dataclasses that are passed down. Nothing here reads the environment.
+
+    nodeName: node-a
+    localMode: false                # true: no fencing (no operator, no Lease)
+    allocator: sim
+    gpus:                           # sim backend: one entry per simulated GPU
+      - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0}
+    poolChunkBytes: 32Mi
+    overheadBytesPerProcess: 0
+    hostStore: {dir: /var/lib/modelswap/store, capacityBytes: 4Gi}     # per GPU
+    socketDir: /run/modelswap
+    stateDir: /var/lib/modelswap/agent
+    sourceCache: {dir: /var/cache/modelswap, capacityBytes: 20Gi, maxDownloadBytes: 10Gi,
+                  trustEnv: true}
+    modelRoots: {/models: /srv/models}   # mounted-source prefix -> where it is on this host
+    control: {host: 0.0.0.0, port: 9443, tokenFile: /etc/modelswap/token, graceSeconds: 90,
+              tlsCertFile: null, tlsKeyFile: null}
+    metrics: {host: 0.0.0.0, port: 9090}     # port 0: no metrics server
+    triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
+             pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
+    policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
+             retryFailedSeconds: 60}
+    defaults: {swapPolicy: {...}, kvCache: {...}, gateway: {...}}     # cluster defaults
+    logLevel: info
+    jsonLogs: true
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelswap_api.defaults import BUILTIN_DEFAULTS, check_defaults
+from modelswap_api.quantities import parse_bytes
+from modelswap_sidecar.agent.errors import SettingsError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimGpu:
+    uuid: str
+    capacity_bytes: int
+    reserve_bytes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TritonEndpoint:
+    url: str  # host:port of Triton's HTTP endpoint
+    repository: Path
+    #: Where the current Triton's pid is read (it changes when Triton restarts): a file
+    #: holding the pid, or the supervisor's state file (`children.runtime.pid`).
+    pid_file: Path | None = None
+    supervisor_state_file: Path | None = None
+    load_timeout_seconds: float = 600.0
+    request_timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLoopSettings:
+    interval_seconds: float = 0.5
+    high_watermark_fraction: float = 0.95
+    low_watermark_fraction: float = 0.85
+    #: A failed load (bad source, refused by Triton) is retried after this long, or at
+    #: once when its entry changes.
+    retry_failed_seconds: float = 60.0
+    drain_timeout_seconds: float = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    node_name: str
+    local_mode: bool = False
+    allocator: str = "sim"
+    gpus: tuple[SimGpu, ...]
+    pool_chunk_bytes: int = 32 << 20
+    overhead_bytes_per_process: int = 0
+    host_store_dir: Path
+    host_store_capacity_bytes: int  # per GPU
+    socket_dir: Path
+    state_dir: Path
+    source_cache_dir: Path
+    source_cache_capacity_bytes: int = 20 << 30
+    source_max_download_bytes: int = 10 << 30
+    #: Let source downloads take proxies and CA bundles from the environment.
+    source_trust_env: bool = True
+    model_roots: Mapping[str, Path] = field(default_factory=dict)
+    control_host: str = "0.0.0.0"
+    control_port: int = 9443
+    token_file: Path
+    grace_seconds: float = 90.0
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 0
+    triton: TritonEndpoint
+    policy: PolicyLoopSettings = PolicyLoopSettings()
+    defaults: Mapping[str, Any] = field(default_factory=lambda: copy.deepcopy(BUILTIN_DEFAULTS))
+    log_level: str = "info"
+    json_logs: bool = True
+    agent_version: str = "0.1.0"
+
+    @property
+    def socket_path(self) -> Path:
+        """The engine's client socket (what models find in `modelswap.agent_socket`)."""
+        return self.socket_dir / "agent.sock"
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+
+def _get(doc: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    value = doc.get(key, default)
+    return default if value is None else value
+
+
+def _bytes(doc: Mapping[str, Any], key: str, default: int | None, where: str) -> int:
+    value = doc.get(key)
+    if value is None:
+        if default is None:
+            raise SettingsError(f"{where}{key} is required")
+        return default
+    if value == 0 and default == 0:
+        return 0
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise SettingsError(f"{where}{key}: {e}") from e
+
+
+def _path(doc: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> Path | None:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise SettingsError(f"{where}{key} is required")
+        return None
+    return Path(str(value))
+
+
+def _required_path(doc: Mapping[str, Any], key: str, where: str) -> Path:
+    value = _path(doc, key, where)
+    assert value is not None
+    return value
+
+
+def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
+    """Settings from a decoded YAML document (camelCase keys); SettingsError naming the key."""
+    node_name = doc.get("nodeName")
+    if not node_name:
+        raise SettingsError("nodeName is required")
+    allocator = str(_get(doc, "allocator", "sim"))
+    if allocator != "sim":
+        raise SettingsError(f"allocator: {allocator!r} is not supported by this agent yet (sim)")
+    raw_gpus = doc.get("gpus") or []
+    if not raw_gpus:
+        raise SettingsError("gpus: at least one GPU is required")
+    gpus = tuple(
+        SimGpu(
+            uuid=str(_get(g, "uuid", f"sim-gpu-{i}")),
+            capacity_bytes=_bytes(g, "capacityBytes", None, f"gpus[{i}]."),
+            reserve_bytes=_bytes(g, "reserveBytes", 0, f"gpus[{i}]."),
+        )
+        for i, g in enumerate(raw_gpus)
+    )
+    if len({g.uuid for g in gpus}) != len(gpus):
+        raise SettingsError("gpus: uuids must be unique")
+    store = _get(doc, "hostStore", {})
+    cache = _get(doc, "sourceCache", {})
+    control = _get(doc, "control", {})
+    metrics = _get(doc, "metrics", {})
+    triton = _get(doc, "triton", {})
+    policy = _get(doc, "policy", {})
+    if not triton.get("url"):
+        raise SettingsError("triton.url is required")
+    try:
+        defaults = check_defaults(_get(doc, "defaults", BUILTIN_DEFAULTS))
+    except ValueError as e:
+        raise SettingsError(f"defaults: {e}") from e
+    except Exception as e:  # PolicyError is not a ValueError
+        raise SettingsError(f"defaults: {e}") from e
+    return AgentSettings(
+        node_name=str(node_name),
+        local_mode=bool(_get(doc, "localMode", False)),
+        allocator=allocator,
+        gpus=gpus,
+        pool_chunk_bytes=_bytes(doc, "poolChunkBytes", 32 << 20, ""),
+        overhead_bytes_per_process=_bytes(doc, "overheadBytesPerProcess", 0, ""),
+        host_store_dir=_required_path(store, "dir", "hostStore."),
+        host_store_capacity_bytes=_bytes(store, "capacityBytes", 4 << 30, "hostStore."),
+        socket_dir=_required_path(doc, "socketDir", ""),
+        state_dir=_required_path(doc, "stateDir", ""),
+        source_cache_dir=_required_path(cache, "dir", "sourceCache."),
+        source_cache_capacity_bytes=_bytes(cache, "capacityBytes", 20 << 30, "sourceCache."),
+        source_max_download_bytes=_bytes(cache, "maxDownloadBytes", 10 << 30, "sourceCache."),
+        source_trust_env=bool(_get(cache, "trustEnv", True)),
+        model_roots={str(k): Path(str(v)) for k, v in _get(doc, "modelRoots", {}).items()},
+        control_host=str(_get(control, "host", "0.0.0.0")),
+        control_port=int(_get(control, "port", 9443)),
+        token_file=_required_path(control, "tokenFile", "control."),
+        grace_seconds=float(_get(control, "graceSeconds", 90.0)),
+        tls_cert_file=_path(control, "tlsCertFile", "control.", required=False),
+        tls_key_file=_path(control, "tlsKeyFile", "control.", required=False),
+        metrics_host=str(_get(metrics, "host", "0.0.0.0")),
+        metrics_port=int(_get(metrics, "port", 0)),
+        triton=TritonEndpoint(
+            url=str(triton["url"]),
+            repository=_required_path(triton, "repository", "triton."),
+            pid_file=_path(triton, "pidFile", "triton.", required=False),
+            supervisor_state_file=_path(triton, "supervisorStateFile", "triton.", required=False),
+            load_timeout_seconds=float(_get(triton, "loadTimeoutSeconds", 600.0)),
+            request_timeout_seconds=float(_get(triton, "requestTimeoutSeconds", 10.0)),
+        ),
+        policy=PolicyLoopSettings(
+            interval_seconds=float(_get(policy, "intervalSeconds", 0.5)),
+            high_watermark_fraction=float(_get(policy, "highWatermarkFraction", 0.95)),
+            low_watermark_fraction=float(_get(policy, "lowWatermarkFraction", 0.85)),
+            retry_failed_seconds=float(_get(policy, "retryFailedSeconds", 60.0)),
+            drain_timeout_seconds=float(_get(policy, "drainTimeoutSeconds", 60.0)),
+        ),
+        defaults=defaults,
+        log_level=str(_get(doc, "logLevel", "info")),
+        json_logs=bool(_get(doc, "jsonLogs", True)),
+    )
+
+
+def load_settings(path: Path | None, overrides: Mapping[str, Any]) -> AgentSettings:
+    """Settings from the YAML file at `path` (if any) with `overrides` (dotted camelCase
+    keys, e.g. `control.port`) applied on top."""
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise SettingsError(f"{path}: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SettingsError(f"{path}: expected a mapping at the top")
+        doc = loaded or {}
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        target = doc
+        *parents, last = dotted.split(".")
+        for key in parents:
+            target = target.setdefault(key, {})
+        target[last] = value
+    return settings_from_document(doc)

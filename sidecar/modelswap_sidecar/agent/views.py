@@ -1,0 +1,101 @@
+"""Pure: the policy's `NodeView` from what the agent holds and what the engine reports.
+
+Only models the runtime serves (or is loading, or dropped and due back) hold or may claim
+HBM; models pending, deferred, failed or unloaded are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.policy.inputs import GpuView, ModelView, NodeView, Residency
+
+S = EngineState
+
+_RESIDENCY = {
+    S.LOADING: Residency.LOADING,
+    S.RESIDENT: Residency.RESIDENT,
+    S.DRAINING: Residency.SWAPPING_OUT,
+    S.QUIESCED: Residency.SWAPPING_OUT,
+    S.SAVING: Residency.SWAPPING_OUT,
+    S.UNMAPPED: Residency.SWAPPING_OUT,
+    S.SWAPPED_OUT: Residency.SWAPPED_OUT,
+    S.ALLOCATING: Residency.SWAPPING_IN,
+    S.MAPPED: Residency.SWAPPING_IN,
+    S.RESTORING: Residency.SWAPPING_IN,
+    S.DROPPED: Residency.SWAPPED_OUT,
+    S.FAILED: Residency.SWAPPED_OUT,
+    S.DELETING: Residency.SWAPPED_OUT,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuBudget:
+    ordinal: int
+    uuid: str
+    budget_bytes: int
+    host_to_device_bytes_per_second: float = 10e9
+
+
+def residency_of(model: AgentModel, engine_state: EngineState | None) -> Residency | None:
+    """Where `model`'s bytes are for the budget; None: it claims no HBM and is not wanted in."""
+    if model.serving is Serving.LOADING:
+        return Residency.LOADING
+    if model.serving is Serving.DROPPED:
+        return Residency.SWAPPED_OUT
+    if model.serving is not Serving.LOADED:
+        return None
+    if not model.attaches:
+        return Residency.RESIDENT
+    if engine_state is None:
+        return Residency.LOADING
+    return _RESIDENCY[engine_state]
+
+
+def model_view(
+    model: AgentModel, residency: Residency, gpu_uuid: str, now_seconds: float
+) -> ModelView:
+    since = model.resident_since_seconds
+    if residency in (Residency.RESIDENT, Residency.SWAPPING_OUT) and since is None:
+        since = now_seconds
+    return ModelView(
+        uid=model.uid,
+        gpu=gpu_uuid,
+        weights_bytes=model.weights_bytes,
+        kv_cache_bytes=model.kv_cache_bytes,
+        residency=residency,
+        policy=model.policy,
+        resident_since_seconds=since,
+        last_request_seconds=model.last_request_seconds,
+    )
+
+
+def node_view(
+    models: Sequence[AgentModel],
+    engine_states: Mapping[str, EngineState],
+    gpus: Sequence[GpuBudget],
+    now_seconds: float,
+) -> NodeView:
+    """`engine_states` is keyed by Triton model name (the engine's model name)."""
+    uuids = {g.ordinal: g.uuid for g in gpus}
+    views = []
+    for m in models:
+        if m.gpu is None or m.gpu not in uuids:
+            continue
+        residency = residency_of(m, engine_states.get(m.triton_name))
+        if residency is not None:
+            views.append(model_view(m, residency, uuids[m.gpu], now_seconds))
+    return NodeView(
+        gpus=tuple(
+            GpuView(
+                gpu=g.uuid,
+                budget_bytes=g.budget_bytes,
+                host_to_device_bytes_per_second=g.host_to_device_bytes_per_second,
+            )
+            for g in gpus
+        ),
+        models=tuple(views),
+    )
