@@ -41,6 +41,7 @@ done
 : > "/dev/shm/${p}$$"
 trap 'echo HUP >> "$FAKE_DIR/runtime.signals"' HUP
 trap 'echo TERM >> "$FAKE_DIR/runtime.signals"; exit 0' TERM
+trap 'echo INT >> "$FAKE_DIR/runtime.signals"; exit 0' INT
 (trap '' HUP TERM; exec sleep 300) &
 echo $! > "$FAKE_DIR/stub.pid"
 while :; do sleep 1 & wait $!; done
@@ -49,6 +50,7 @@ while :; do sleep 1 & wait $!; done
 FAKE_AGENT = r"""#!/bin/sh
 trap 'echo HUP >> "$FAKE_DIR/agent.signals"' HUP
 trap 'echo TERM >> "$FAKE_DIR/agent.signals"; [ -n "$IGNORE_TERM" ] || exit 0' TERM
+trap 'echo INT >> "$FAKE_DIR/agent.signals"; exit 0' INT
 (sleep 0.5 & echo $! > "$FAKE_DIR/orphan.pid")
 while :; do sleep 1 & wait $!; done
 """
@@ -211,12 +213,15 @@ def test_killed_children_are_restarted_and_a_dead_triton_leaves_no_shm_or_stub(n
     new_triton = node.running_pid("runtime", not_pid=triton)
     assert not alive(stub), "the dead Triton's stub was left running"
     assert not first_region.exists(), "the dead Triton's shm region was not removed"
-    assert (SHM / f"{node.shm_prefix}{new_triton}").exists()
+    wait_for((SHM / f"{node.shm_prefix}{new_triton}").exists, 10, "the new Triton's region")
     assert node.child("runtime")["restarts"] == 1
     assert node.child("agent")["pid"] == new_agent
 
 
-def test_sigterm_stops_every_child_group_and_exits_zero(node: Node) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_stops_every_child_group_and_exits_zero(
+    node: Node, stop: signal.Signals
+) -> None:
     node.start("--stop-grace-seconds=10")
     agent = node.running_pid("agent")
     triton = node.running_pid("runtime")
@@ -224,9 +229,10 @@ def test_sigterm_stops_every_child_group_and_exits_zero(node: Node) -> None:
     assert group_members(agent) and group_members(triton)
     assert node.proc is not None
     supervisor = node.proc.pid
-    os.kill(supervisor, signal.SIGTERM)
+    os.kill(supervisor, stop)
     assert node.wait_exit(10) == 0, node.tail()
-    assert node.signals("agent") == ["TERM"] and node.signals("runtime") == ["TERM"]
+    forwarded = [stop.name.removeprefix("SIG")]
+    assert node.signals("agent") == forwarded and node.signals("runtime") == forwarded
     for pgid in (agent, triton):
         assert group_members(pgid) == [], f"group {pgid} left running"
     assert not alive(agent) and not alive(triton)

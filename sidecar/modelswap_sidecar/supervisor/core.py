@@ -331,6 +331,7 @@ class Supervisor:
                 processes.signal_group(pgid, signal.SIGKILL)
                 if not self._wait_gone(lambda: not processes.group_members(pgid)):
                     log.error("process group %d of %s survived SIGKILL", pgid, child.spec.name)
+                self._collect()  # the last of them may be a zombie of ours still
             child.pgid = None
         self._run_cleanup(child)
 
