@@ -133,6 +133,7 @@ class Attachment:
         timeout_seconds: float,
         reconnect_timeout_seconds: float,
         copy_piece_bytes: int,
+        heartbeat_interval_seconds: float = 5.0,
     ) -> None:
         self.model = model
         self.instance = instance
@@ -141,6 +142,9 @@ class Attachment:
         self.timeout_seconds = timeout_seconds
         self.reconnect_timeout_seconds = reconnect_timeout_seconds
         self.copy_piece_bytes = copy_piece_bytes
+        self.heartbeat_interval_seconds = heartbeat_interval_seconds
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
         self.regions: dict[str, Region] = {}
         self.restored = False
         self.committed = False
@@ -274,10 +278,37 @@ class Attachment:
                 self._in_use -= 1
                 self._cond.notify_all()
 
+    def _start_heartbeats(self) -> None:
+        if self.heartbeat_interval_seconds > 0 and self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeats, name="modelswap-heartbeat", daemon=True
+            )
+            self._heartbeat_thread.start()
+
+    def _heartbeats(self) -> None:
+        """Tell the agent this process is alive, every `heartbeat_interval_seconds`.
+
+        The agent records the last one per client (status) and logs a silent one; the
+        socket closing, not a missed heartbeat, is what ends a client. A send that fails
+        (the agent restarting) is simply skipped.
+        """
+        interval = self.heartbeat_interval_seconds
+        while not self._heartbeat_stop.wait(interval):
+            peer = self._peer
+            if peer is None or not self._connected.is_set():
+                continue
+            try:
+                peer.request(Op.HEARTBEAT, {}, self.epoch, timeout_seconds=interval)
+            except (ConnectionLost, RemoteError, TimeoutError) as e:
+                log.debug("%s: heartbeat not answered: %s", self.model, e)
+
     def close(self) -> None:
         """Detach: unmap everything, give the reservations back, close the connection."""
         with self._cond:
             self._closing = True
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=self.heartbeat_interval_seconds + 1)
         peer = self._peer
         if peer is not None:
             peer.close()
@@ -453,6 +484,7 @@ class Attachment:
                     self._drop_kv_host_tier()  # its file is deleted: a KV pool over it is dead
                     with self._cond:
                         self._closing = True  # the agent closes the socket: no reconnect
+                    self._heartbeat_stop.set()
                     self._set_state(ClientState.REMOVED)
             elif message.op is Op.MAP:
                 with self._op_lock:
@@ -663,6 +695,7 @@ def attach(
     timeout_seconds: float = 60.0,
     reconnect_timeout_seconds: float = 60.0,
     copy_piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+    heartbeat_interval_seconds: float = 5.0,
 ) -> Attachment:
     """Register with the agent and get `regions` mapped at stable addresses.
 
@@ -682,6 +715,7 @@ def attach(
         timeout_seconds=timeout_seconds,
         reconnect_timeout_seconds=reconnect_timeout_seconds,
         copy_piece_bytes=copy_piece_bytes,
+        heartbeat_interval_seconds=heartbeat_interval_seconds,
     )
     try:
         for spec in regions:
@@ -696,6 +730,7 @@ def attach(
         except RemoteError as e:
             raise ClientError(f"{model}: registration refused: {e.message}", e.code) from e
         att._connected.set()
+        att._start_heartbeats()
         body = {
             "regions": [
                 {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}

@@ -55,6 +55,8 @@ def status_doc(engine: Engine, allocator: SimAllocator) -> dict[str, Any]:
                 "gpu": g,
                 "budget_used_bytes": engine.budget(g).used_bytes,
                 "budget_bytes": engine.budget(g).budget_bytes,
+                "overhead_bytes": engine.budget(g).overhead_bytes,
+                "processes": engine.budget(g).processes,
                 "allocator_used_bytes": allocator.memory_info(Location.device(g)).used_bytes,
                 "pooled_bytes": allocator.pooled_bytes(Location.device(g)),
                 "capacity_bytes": allocator.memory_info(Location.device(g)).total_bytes,
@@ -134,20 +136,32 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="name:offloadAfterTokens:hostBytes (the model's kvCache policy)",
     )
+    p.add_argument(
+        "--sim-overhead", default=None, help="what the sim allocator measures per process"
+    )
+    p.add_argument("--overhead-estimate", default="0", help="the engine's per-process estimate")
+    p.add_argument("--heartbeat-timeout", type=float, default=30.0)
     p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(name)s: %(message)s")
     harden_process()
     capacities = [parse_bytes(g) for g in args.gpu_bytes]
     allocator = SimAllocator(
-        capacities_bytes=capacities, pool_chunk_bytes=parse_bytes(args.pool_chunk_bytes)
+        capacities_bytes=capacities,
+        pool_chunk_bytes=parse_bytes(args.pool_chunk_bytes),
+        overhead_bytes_per_process=(
+            None if args.sim_overhead is None else parse_bytes(args.sim_overhead)
+        ),
     )
     store = HostStore(
         Path(args.store), dict.fromkeys(range(len(capacities)), parse_bytes(args.store_bytes))
     )
     voucher = RegisteredVoucher()
     settings = EngineSettings(
-        readopt_grace_seconds=args.grace, drain_timeout_seconds=args.drain_timeout
+        readopt_grace_seconds=args.grace,
+        drain_timeout_seconds=args.drain_timeout,
+        overhead_bytes_per_process=parse_bytes(args.overhead_estimate),
+        heartbeat_timeout_seconds=args.heartbeat_timeout,
     )
     engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()

@@ -71,6 +71,7 @@ def main() -> int:
                     instance=cmd.get("instance", "0"),
                     socket_path=cmd["socket"],
                     timeout_seconds=float(cmd.get("timeout", 60)),
+                    heartbeat_interval_seconds=float(cmd.get("heartbeat", 5.0)),
                 )
                 answer["restored"] = att.restored
                 answer["addresses"] = {t: r.address for t, r in att.regions.items()}

@@ -33,6 +33,9 @@ CUDA-shaped):
   re-exports it (`cuMemRetainAllocationHandle` + export; the sim client sends a dup it
   kept) and the new agent takes a handle on it, charged to capacity, so the pool is
   capacity minus readopted bytes. `adopt_fd` does not close the fd it is given.
+- `process_overhead_bytes` (optional) measures what each runtime process keeps on the GPU
+  besides its mapped chunks (cuda-vmm: NVML usage minus mapped bytes; sim: configured);
+  the engine's budget subtracts it per process, falling back to its configured estimate.
 - `memory_info` is what the allocator itself accounts (the sim capacity counter; NVML for
   CUDA), independent of the engine's budget, which subtracts its own reserves.
 - Thread-safe: the engine may call any method from several threads.
@@ -43,7 +46,7 @@ from __future__ import annotations
 import abc
 import enum
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -164,6 +167,18 @@ class Allocator(abc.ABC):
     @abc.abstractmethod
     def memory_info(self, location: Location) -> MemoryInfo:
         """The allocator's own accounting for `location`."""
+
+    def process_overhead_bytes(
+        self,
+        location: Location,
+        pids: Iterable[int],
+        mapped_bytes_by_pid: dict[int, int] | None = None,
+    ) -> dict[int, int | None]:
+        """Measured per-process overhead at `location` of runtime processes `pids`: what
+        each keeps on the GPU besides the model chunks it maps (`mapped_bytes_by_pid`),
+        e.g. its CUDA context and workspaces. None for a pid the backend cannot measure;
+        the engine then uses its configured estimate. Default: nothing is measured."""
+        return dict.fromkeys(pids)
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every chunk and stop background work. The allocator is unusable after."""

@@ -79,7 +79,9 @@ class _Gpu:
 
 class SimAllocator(Allocator):
     """Options: `capacities_bytes` (one per sim GPU), `pool_chunk_bytes` (>= 32 MiB),
-    `prefill` (keep the pool full in the background; False leaves every chunk to `create`).
+    `prefill` (keep the pool full in the background; False leaves every chunk to `create`),
+    `overhead_bytes_per_process` (what `process_overhead_bytes` "measures" for every
+    process; None: nothing measured, the engine uses its own estimate).
     """
 
     name = "sim"
@@ -90,6 +92,7 @@ class SimAllocator(Allocator):
         capacities_bytes: Iterable[int],
         pool_chunk_bytes: int = MIN_POOL_CHUNK_BYTES,
         prefill: bool = True,
+        overhead_bytes_per_process: int | None = None,
     ) -> None:
         if pool_chunk_bytes < MIN_POOL_CHUNK_BYTES or pool_chunk_bytes % GRANULARITY_BYTES:
             raise AllocatorError(
@@ -98,6 +101,7 @@ class SimAllocator(Allocator):
             )
         raise_fd_limit()
         self.pool_chunk_bytes = pool_chunk_bytes
+        self.overhead_bytes_per_process = overhead_bytes_per_process
         self._gpus = [_Gpu(i, c) for i, c in enumerate(capacities_bytes)]
         for gpu in self._gpus:
             if gpu.capacity_bytes <= 0 or gpu.capacity_bytes % GRANULARITY_BYTES:
@@ -261,6 +265,15 @@ class SimAllocator(Allocator):
         with self._lock:
             free = max(gpu.capacity_bytes - gpu.used_bytes, 0)
             return MemoryInfo(location, gpu.capacity_bytes, gpu.used_bytes, free)
+
+    def process_overhead_bytes(
+        self,
+        location: Location,
+        pids: Iterable[int],
+        mapped_bytes_by_pid: dict[int, int] | None = None,
+    ) -> dict[int, int | None]:
+        self._gpu(location)
+        return dict.fromkeys(pids, self.overhead_bytes_per_process)
 
     def pooled_bytes(self, location: Location) -> int:
         """Bytes of pre-populated chunks waiting in the pool (for tests and metrics)."""

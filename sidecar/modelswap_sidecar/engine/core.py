@@ -72,7 +72,11 @@ class EngineSettings:
     drain_timeout_seconds: float = 60.0  # quiesce: how long in_use() work may hold a swap-out
     readopt_grace_seconds: float = 10.0  # after a restart, how long clients have to readopt
     reserve_bytes: dict[int, int] = field(default_factory=dict)  # per GPU
+    #: the estimate per runtime process, used when the allocator measures nothing
     overhead_bytes_per_process: int = 0
+    #: a client silent for this long is logged (nothing else happens: the socket is the
+    #: liveness signal)
+    heartbeat_timeout_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,8 @@ class ModelStatus:
     last_swap_in_seconds: float
     kv_discarded: bool
     reason: str
+    #: live instance → seconds since its last heartbeat (None: none received yet)
+    last_heartbeat_ages_seconds: dict[str, float | None] = field(default_factory=dict)
 
 
 def _no_checkpoint(name: str) -> None:
@@ -129,6 +135,11 @@ class Engine:
         self._recovered = threading.Event()
         self._recovered.set()
         self.swapper = Swapper(self)
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(
+            target=self._watch_heartbeats, name="engine-heartbeats", daemon=True
+        )
+        self._monitor.start()
 
     # -- registry ------------------------------------------------------------------------
 
@@ -184,6 +195,7 @@ class Engine:
 
     def status(self, name: str) -> ModelStatus:
         m = self.model(name)
+        now = time.monotonic()
         with self._mut:
             return ModelStatus(
                 m.name,
@@ -198,6 +210,10 @@ class Engine:
                 m.last_swap_in_seconds,
                 m.kv_discarded,
                 m.reason,
+                {
+                    i.name: None if i.last_heartbeat is None else now - i.last_heartbeat
+                    for i in m.live_instances()
+                },
             )
 
     def statuses(self) -> list[ModelStatus]:
@@ -244,7 +260,10 @@ class Engine:
                 for inst in m.instances.values():
                     if inst.peer is not None:
                         self._peers.pop(id(inst.peer), None)
-                        self.budgets[m.config.gpu].process_detached()
+                gone = list(m.instances.values())
+                for inst in gone:
+                    if inst.peer is not None:
+                        self._detach_process(m.config.gpu, inst.pid, gone)
                 del self._models[m.name]
                 self.persist()
             for inst in live:
@@ -262,13 +281,13 @@ class Engine:
         try:
             if message.op is Op.REGISTER:
                 return self._register(peer, message)
-            if message.op is Op.HEARTBEAT:
-                return reply_to(message, 0)
             binding = self._peers.get(id(peer))
             if binding is None:
                 raise NotVouched("register first")
             m = self.model(binding[0])
             inst = m.instances[binding[1]]
+            if message.op is Op.HEARTBEAT:
+                return self._heartbeat(m, inst, message)
             if message.op is Op.ATTACH:
                 return self._attach(m, inst, message)
             if message.op is Op.COMMIT:
@@ -302,8 +321,10 @@ class Engine:
                 raise WrongState(f"instance {instance} of {model} is already connected")
             inst.peer = peer
             inst.pid = pid
+            inst.last_heartbeat = None
             self._peers[id(peer)] = (model, instance)
-            self.budgets[m.config.gpu].process_attached()
+            if not self._pid_in_use(m.config.gpu, pid, [inst]):
+                self.budgets[m.config.gpu].process_attached(pid, self._measure(m.config.gpu, pid))
             body = {"epoch": m.epoch, "state": str(m.state), "committed": inst.committed}
         return reply_to(message, m.epoch, body)
 
@@ -450,7 +471,7 @@ class Engine:
             if inst is None or inst.peer is not peer:
                 return
             inst.peer = None
-            self.budgets[m.config.gpu].process_detached()
+            self._detach_process(m.config.gpu, inst.pid, [inst])
             if inst.mapped:
                 self.swapper.release_instance(m, inst)
                 for r in inst.regions.values():  # its KV lived in HBM; a saved copy is stale
@@ -603,7 +624,82 @@ class Engine:
             message.close_fds()
         return reply_to(message, m.epoch, reply)
 
+    # -- per-process overhead and heartbeats ---------------------------------------------
+
+    def _pid_in_use(self, gpu: int, pid: int, ignore: list[InstanceRecord]) -> bool:
+        """Whether another live instance on `gpu` runs in process `pid` (overhead is per
+        process, however many instances it serves)."""
+        with self._mut:
+            return any(
+                i.live and i.pid == pid and all(i is not x for x in ignore)
+                for m in self._models.values()
+                if m.config.gpu == gpu
+                for i in m.instances.values()
+            )
+
+    def _detach_process(self, gpu: int, pid: int, ignore: list[InstanceRecord]) -> None:
+        if not self._pid_in_use(gpu, pid, ignore):
+            self.budgets[gpu].process_detached(pid)
+
+    def _measure(self, gpu: int, pid: int) -> int | None:
+        """The allocator's measurement of `pid`'s overhead on `gpu` (None: not measured)."""
+        with self._mut:
+            mapped = sum(
+                i.chunk_bytes()
+                for m in self._models.values()
+                if m.config.gpu == gpu
+                for i in m.instances.values()
+                if i.live and i.pid == pid
+            )
+        try:
+            measured = self.allocator.process_overhead_bytes(
+                Location.device(gpu), [pid], {pid: mapped}
+            )
+        except Exception as e:  # a measurement never breaks registration
+            log.warning("GPU %d: measuring pid %d's overhead failed: %s", gpu, pid, e)
+            return None
+        return measured.get(pid)
+
+    def _heartbeat(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+        """Record the client's heartbeat and refresh its process's overhead measurement
+        (a CUDA context appears after the process registered)."""
+        if inst.heartbeat_late:
+            log.info("model %s instance %s (pid %d): heartbeats again", m.name, inst.name, inst.pid)
+        inst.last_heartbeat = time.monotonic()
+        inst.heartbeat_late = False
+        self.budgets[m.config.gpu].set_measured(inst.pid, self._measure(m.config.gpu, inst.pid))
+        return reply_to(message, m.epoch)
+
+    def _watch_heartbeats(self) -> None:
+        """Log clients whose heartbeats stopped; nothing else (a closed socket, not a
+        silent one, is a dead client)."""
+        timeout = self.settings.heartbeat_timeout_seconds
+        while not self._stop.wait(min(max(timeout / 4, 0.05), 5.0)):
+            now = time.monotonic()
+            with self._mut:
+                late = [
+                    (m, i)
+                    for m in self._models.values()
+                    for i in m.instances.values()
+                    if i.live
+                    and i.last_heartbeat is not None
+                    and not i.heartbeat_late
+                    and now - i.last_heartbeat > timeout
+                ]
+                for _, i in late:
+                    i.heartbeat_late = True
+            for m, i in late:
+                log.warning(
+                    "model %s instance %s (pid %d): no heartbeat for %.1f s",
+                    m.name,
+                    i.name,
+                    i.pid,
+                    now - (i.last_heartbeat or now),
+                )
+
     def close(self) -> None:
+        self._stop.set()
+        self._monitor.join(timeout=5)
         with self._mut:
             peers = [i.peer for m in self._models.values() for i in m.instances.values() if i.peer]
         for p in peers:
@@ -628,4 +724,5 @@ def as_dict(status: ModelStatus) -> dict[str, Any]:
         "last_swap_in_seconds": status.last_swap_in_seconds,
         "kv_discarded": status.kv_discarded,
         "reason": status.reason,
+        "last_heartbeat_ages_seconds": status.last_heartbeat_ages_seconds,
     }

@@ -60,6 +60,8 @@ class InstanceRecord:
     #: the host tier of its KV pool: an agent-owned host-store file the client maps
     #: writable (never a weight copy); kept across swaps and client restarts
     kv_host_file: StoredFile | None = None
+    last_heartbeat: float | None = None  # time.monotonic() of the last one; not persisted
+    heartbeat_late: bool = False  # logged as late, not heard from since
 
     @property
     def live(self) -> bool:
