@@ -136,6 +136,7 @@ class Agent:
         self.token_file.write_text(TOKEN)
         self.settings_file = workdir / "agent.yaml"
         self.control_port = _free_port()
+        self.metrics_port = _free_port()
         doc: dict[str, Any] = {
             "nodeName": "node-a",
             "localMode": config.local_mode,
@@ -158,7 +159,7 @@ class Agent:
                 "tokenFile": str(self.token_file),
                 "graceSeconds": config.grace_seconds,
             },
-            "metrics": {"host": "127.0.0.1", "port": 0},
+            "metrics": {"host": "127.0.0.1", "port": self.metrics_port},
             "triton": {
                 "url": triton.url,
                 "repository": str(triton.repository),
@@ -276,8 +277,8 @@ def entry(
     spec: dict[str, Any] = {"model": spec_model}
     if swap_policy:
         spec["swapPolicy"] = swap_policy
-    if kv_cache:
-        spec["kvCache"] = kv_cache
+    if kv_cache or model == "tinylm":  # a small host tier: the store is sized for tests
+        spec["kvCache"] = kv_cache or {"offloadAfterTokens": 32, "hostBytes": "2Mi"}
     return {
         "uid": uid,
         "namespace": namespace,
@@ -418,10 +419,19 @@ def sim_hbm_mapped_bytes(pid: int) -> int:
     return total
 
 
+@dataclass
+class Node:
+    triton: Triton
+    agent: Agent
+    control: Control
+    models: Models
+
+    def parts(self) -> tuple[Triton, Agent, Control, Models]:
+        return self.triton, self.agent, self.control, self.models
+
+
 @contextlib.asynccontextmanager
-async def node(
-    tmp_path: Path, config: AgentConfig | None = None
-) -> AsyncIterator[tuple[Triton, Agent, Control, Models]]:
+async def node(tmp_path: Path, config: AgentConfig | None = None) -> AsyncIterator[Node]:
     """A Triton and an agent with their clients; everything torn down after."""
     triton = Triton(tmp_path)
     await triton.start()
@@ -430,7 +440,7 @@ async def node(
     models = Models(triton)
     try:
         await agent.start()
-        yield triton, agent, control, models
+        yield Node(triton, agent, control, models)
     except BaseException:
         sys.stderr.write(f"--- agent log ---\n{agent.log_tail(8000)}\n")
         raise

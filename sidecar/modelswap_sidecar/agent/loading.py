@@ -6,6 +6,7 @@
                     engine on its GPU, and load it into Triton with ModelswapParameters so
                     the stub's client attaches (restored from the host store when the engine
                     holds a copy; else it loads from the source and commits)
+                    (the engine applies `onSwapOut`, `kv` and the tiered KV pool's settings)
     unload(model)   unload from Triton (the stub exits; the engine keeps the host copy) and
                     release the source-cache entry
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from modelswap_api.control import SourceCredentials
 from modelswap_api.models import Source
-from modelswap_api.wire import KvMode
+from modelswap_api.wire import KvMode, SwapOutMode
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.agent.records import AgentModel
 from modelswap_sidecar.engine.core import Engine
@@ -69,13 +70,21 @@ def authorization_of(credentials: SourceCredentials | None) -> str | None:
 
 
 def engine_config(model: AgentModel) -> ModelConfig:
+    """The engine's view of a placed model: its GPU, the policy fields the engine applies
+    itself (KV mode, pinning, priority, drop on swap-out) and the tiered KV pool's settings
+    (only for a model with a KV region)."""
     assert model.gpu is not None
+    kv = kv_pool_settings(model.policy, model.kv_cache_bytes)
+    has_kv = model.kv_cache_bytes > 0
     return ModelConfig(
         model.triton_name,
         model.gpu,
         KvMode(model.policy.kv),
         pinned=model.policy.pinned,
         priority=model.policy.priority,
+        on_swap_out=SwapOutMode(model.policy.on_swap_out),
+        kv_offload_after_tokens=kv.offload_after_tokens if has_kv else None,
+        kv_host_bytes=kv.host_bytes if has_kv else 0,
     )
 
 
@@ -109,8 +118,9 @@ class ModelLoader:
         return model.resolved.model_dir
 
     def parameters(self, model: AgentModel) -> ModelswapParameters:
+        """What the stub reads from its config (nothing secret: Triton serves it to anyone).
+        The KV pool's settings travel with the engine's attach reply instead."""
         assert model.gpu is not None
-        kv = kv_pool_settings(model.policy, model.kv_cache_bytes)
         return ModelswapParameters(
             uid=model.uid,
             gpu_ordinal=model.gpu,
@@ -118,11 +128,6 @@ class ModelLoader:
             kv_cache_bytes=model.kv_cache_bytes,
             agent_socket=str(self.socket_path),
             mapper=self.mapper,
-            extra={
-                "kv_offload_after_tokens": str(kv.offload_after_tokens),
-                "kv_host_bytes": str(kv.host_bytes),
-                "kv_preserve": "true" if kv.preserve_on_swap_out else "false",
-            },
         )
 
     async def load(self, model: AgentModel) -> None:

@@ -3,8 +3,8 @@ placed, and where it stands in the runtime.
 
 `Serving` is the agent's own view (is the model loaded in Triton, or why not); the engine
 keeps the memory states (`EngineState`). A model that cannot attach to the client library
-(a non-python backend) is served with `onSwapOut: drop` semantics: swap-out unloads it and
-swap-in loads it again from its source.
+(a non-python backend) is served with `onSwapOut: drop` semantics: swap-out unloads it from
+Triton and swap-in loads it again from its source.
 """
 
 from __future__ import annotations
@@ -77,8 +77,11 @@ class AgentModel:
 
     @property
     def drops(self) -> bool:
-        """Swap-out unloads the model (policy `drop`, or a runtime that cannot attach)."""
-        return self.policy.on_swap_out == "drop" or not self.attaches
+        """Swap-out unloads the model from the runtime: a runtime that cannot attach gets
+        `onSwapOut: drop` semantics. (A python-backend model with `onSwapOut: drop` stays
+        loaded: the engine drops its memory and host copy, and it reloads from its source
+        on the next request.)"""
+        return not self.attaches
 
     def fail(self, reason: str, message: str, now_seconds: float) -> None:
         self.serving = Serving.FAILED

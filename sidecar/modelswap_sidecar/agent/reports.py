@@ -44,13 +44,15 @@ def status_of(engine: Engine, model: AgentModel) -> ModelStatus | None:
 
 
 def host_bytes_of(engine: Engine, model: AgentModel) -> int:
-    """Bytes of the model's committed host-store copies (weights and preserved KV)."""
+    """Bytes the model holds in the host store: weights, preserved KV, the KV host tier."""
     try:
         record = engine.model(model.triton_name)
     except UnknownModel:
         return 0
     total = 0
     for inst in list(record.instances.values()):
+        if inst.kv_host_file is not None:  # the tiered KV pool's host tier
+            total += inst.kv_host_file.size_bytes
         for region in list(inst.regions.values()):
             for stored in (region.weights_file, region.kv_file):
                 if stored is not None:

@@ -3,8 +3,10 @@
 `initialize` attaches to the agent with one weights region of `modelswap.weights_bytes`.
 If the agent restored the region from its host store, nothing is read from the model
 directory; otherwise the weight file is tiled across the region and committed (saved to
-the host store, once). Every `execute` runs inside `in_use()` (which swaps the model back
-in first if it is out) and computes only from the region's bytes.
+the host store, once). After a swap-out with `onSwapOut: drop` the next swap-in maps fresh
+memory (`committed` is False): the weights are loaded from the file again. Every `execute`
+runs inside `in_use()` (which swaps the model back in first if it is out) and computes only
+from the region's bytes.
 
 Standard library, numpy and modelswap_client only (the stub's environment).
 """
@@ -57,14 +59,19 @@ class TritonPythonModel:
             socket_path=_param(config, "modelswap.agent_socket"),
             mapper=_param(config, "modelswap.mapper", "sim"),
         )
+        self.path = path
         self.restored = bool(self.att.restored)
         if not self.restored:
-            with open(path, "rb") as f:
-                data = f.read()
-            if len(data) != self.n_params * 4:
-                raise ValueError(f"{path}: {len(data)} bytes, expected {self.n_params * 4}")
-            tile_into(self.att.regions["weights"].view(), data)
-            self.att.commit()
+            self._load_weights()
+
+    def _load_weights(self):
+        """Tile the weight file across the region and have the agent save it (once)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if len(data) != self.n_params * 4:
+            raise ValueError(f"{self.path}: {len(data)} bytes, expected {self.n_params * 4}")
+        tile_into(self.att.regions["weights"].view(), data)
+        self.att.commit()
 
     def _layers(self):
         flat = self.att.regions["weights"].numpy("<f4")[: self.n_params]
@@ -81,6 +88,9 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         with self.att.in_use():
+            if not self.att.committed:  # swapped in after a drop: fresh memory
+                self._load_weights()
+                self.restored = False
             layers = self._layers()
             checksum = zlib.crc32(self.att.regions["weights"].view())
             for request in requests:

@@ -1,10 +1,12 @@
 """A tiny deterministic autoregressive model with a tiered KV cache, decoupled.
 
 Weights (integer matrices E, Wq, Wk, Wv, Wo) live in agent memory through the client
-library, tiled across a `modelswap.weights_bytes` region. The KV cache uses
-`TieredKvPool`: its HBM tier is a `modelswap.kv_cache_bytes` KV region the agent maps;
-tokens past `modelswap.kv_offload_after_tokens` get blocks of the host tier (at most
-`modelswap.kv_host_bytes`). One step, for token t at position p (all int64, exact):
+library, tiled across a `modelswap.weights_bytes` region. The KV cache is the client's
+tiered KV pool (`Attachment.kv_pool`): its HBM tier is a `modelswap.kv_cache_bytes` KV
+region the agent maps; tokens past the model's `kvCache.offloadAfterTokens` get blocks of
+the host tier (an agent-owned host-store file of `kvCache.hostBytes`). After a swap-out
+with `onSwapOut: drop` the weights are loaded from the file again on the next request.
+One step, for token t at position p (all int64, exact):
 
     x = E[t] + (p % 7 - 3);  q, k, v = (x @ Wq, x @ Wk, x @ Wv) mod 1009
     append (k, v) to the KV cache
@@ -27,7 +29,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from modelswap_client.client import RegionSpec, attach
-from modelswap_client.kvpool import Tier, TieredKvPool
+from modelswap_client.kvpool import Tier
 
 MODULUS = 1009
 SCORE_MODULUS = 17
@@ -83,28 +85,28 @@ class TritonPythonModel:
             socket_path=_param(config, "modelswap.agent_socket"),
             mapper=_param(config, "modelswap.mapper", "sim"),
         )
+        self.path = os.path.join(os.path.dirname(__file__), _param(config, "weights_file"))
         self.restored = bool(self.att.restored)
         if not self.restored:
-            path = os.path.join(os.path.dirname(__file__), _param(config, "weights_file"))
-            with open(path, "rb") as f:
-                data = f.read()
-            if len(data) != self.n_values * 4:
-                raise ValueError(f"{path}: {len(data)} bytes, expected {self.n_values * 4}")
-            tile_into(self.att.regions["weights"].view(), data)
-            self.att.commit()
-        kv = self.att.regions["kv"]
-        self.pool = TieredKvPool(
-            kv.address,
-            kv.size_bytes,
-            block_bytes=self.block_bytes,
-            tokens_per_block=self.tokens_per_block,
-            offload_after_tokens=int(_param(config, "modelswap.kv_offload_after_tokens", "4096")),
-            host_bytes=int(_param(config, "modelswap.kv_host_bytes", str(16 << 20))),
+            self._load_weights()
+        # HBM tier: the KV region; host tier: the agent's file, per the model's kvCache policy
+        self.pool = self.att.kv_pool(
+            "kv", block_bytes=self.block_bytes, tokens_per_block=self.tokens_per_block
         )
         self.pool_lock = threading.Lock()
+        self.load_lock = threading.Lock()
         self.sequences = 0
         self.threads = set()
         self.threads_lock = threading.Lock()
+
+    def _load_weights(self):
+        """Tile the weight file across the region and have the agent save it (once)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if len(data) != self.n_values * 4:
+            raise ValueError(f"{self.path}: {len(data)} bytes, expected {self.n_values * 4}")
+        tile_into(self.att.regions["weights"].view(), data)
+        self.att.commit()
 
     # -- the model ----------------------------------------------------------------------
 
@@ -150,6 +152,10 @@ class TritonPythonModel:
             if len(prompt) == 0 or max_tokens < 1 or prompt.min() < 0 or prompt.max() >= self.vocab:
                 raise ValueError(f"PROMPT needs token ids in [0, {self.vocab}), MAX_TOKENS >= 1")
             with self.att.in_use(), self._sequence() as seq_id:
+                with self.load_lock:
+                    if not self.att.committed:  # swapped in after a drop: fresh memory
+                        self._load_weights()
+                        self.restored = False
                 weights = self._weights()
                 token, tier, position = 0, Tier.HBM, 0
                 for position, t in enumerate(prompt.tolist()):
