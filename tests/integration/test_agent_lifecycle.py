@@ -1,0 +1,176 @@
+"""The desired set's lifecycle through the real agent: grace-period unloads restored from the
+host store (not the source), older terms refused, same-named models in two namespaces,
+bad sources reported with the field while other models keep serving."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import shutil
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from examples.models import reference
+from tests.support.agent_harness import EXAMPLES, MIB, entry, eventually, new_uid, node
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
+
+
+async def test_dropped_entry_unloads_after_grace_and_returns_from_the_host_store(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "mounted" / "mlp"
+    shutil.copytree(EXAMPLES / "mlp", source)
+    async with node(tmp_path) as n:
+        triton, _agent, control, models = n.parts()
+        uid, other = new_uid(), new_uid()
+        mlp = entry(uid, source={"uri": str(source)}, swap_policy={"idleAfter": "never"})
+        await control.desired([mlp, entry(other)])
+        await control.wait_state(uid, "Resident")
+        await control.wait_state(other, "Resident")
+        x = reference.mlp_input(7)
+        first = await models.mlp(uid, x)
+        assert not first.restored
+
+        response = await control.put([entry(other)])
+        assert response.status_code == 200
+        pending = response.json()["pendingUnloads"]
+        assert [p["uid"] for p in pending] == [uid] and pending[0]["unloadInSeconds"] > 0
+        # Still served during the grace period; unloaded after it, host bytes kept.
+        assert (await control.model(uid))["state"] == "Resident"
+        gone = await control.wait_state(uid, "SwappedOut", timeout_seconds=30)
+        assert not gone["desired"] and gone["hostBytes"] == 32 * MIB
+        assert triton.stub_pids(uid) == []
+
+        # The source's weights are gone now: coming back must not read them.
+        (source / "1" / "weights.f32").write_bytes(b"\0" * 16)
+        results = await control.desired([mlp, entry(other)])
+        assert results[uid]["outcome"] == "applied"
+        await control.wait_state(uid, "Resident")
+        again = await models.mlp(uid, x)
+        assert again.restored  # from the host store
+        assert np.array_equal(again.output, first.output)
+        assert again.checksum == first.checksum == reference.mlp_checksum(32 * MIB)
+
+
+async def test_older_term_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    async with node(tmp_path) as n:
+        _triton, _agent, control, _models = n.parts()
+        control.term = 3
+        uid = new_uid()
+        await control.desired([entry(uid)])
+        refused = await control.put([], term=2)
+        assert refused.status_code == 409 and refused.json()["reason"] == "OlderTerm"
+        info = await control.model(uid)
+        assert info["desired"] and "unloadInSeconds" not in info
+
+
+async def test_same_name_in_two_namespaces_side_by_side(tmp_path: Path) -> None:
+    async with node(tmp_path) as n:
+        triton, _agent, control, models = n.parts()
+        a, b = new_uid(), new_uid()
+        await control.desired(
+            [
+                entry(a, name="llama", namespace="team-a"),
+                entry(b, name="llama", namespace="team-b"),
+            ]
+        )
+        info_a = await control.wait_state(a, "Resident")
+        info_b = await control.wait_state(b, "Resident")
+        assert (info_a["namespace"], info_b["namespace"]) == ("team-a", "team-b")
+        assert triton.stub_pids(a) != triton.stub_pids(b)
+        x = reference.mlp_input(3)
+        for uid in (a, b):
+            answer = await models.mlp(uid, x)
+            assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
+
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def file_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _mlp_archive() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(EXAMPLES / "mlp", arcname="mlp")
+    return buffer.getvalue()
+
+
+async def test_bad_sources_name_the_field_and_leave_others_serving(
+    tmp_path: Path, file_server: str
+) -> None:
+    archive = _mlp_archive()
+    _Files.files = {"/mlp.tar.gz": archive, "/huge.tar.gz": b"\0" * (2 * MIB)}
+    async with node(tmp_path) as n:
+        _triton, _agent, control, models = n.parts()
+        good, fetched, missing, digest, huge = (new_uid() for _ in range(5))
+        wrong = hashlib.sha256(b"something else").hexdigest()
+        entries = [
+            entry(good),
+            entry(fetched, source={"uri": f"{file_server}/mlp.tar.gz",
+                                   "sha256": hashlib.sha256(archive).hexdigest()}),
+            entry(missing, source={"uri": f"{file_server}/nothing.tar.gz"}),
+            entry(digest, source={"uri": f"{file_server}/mlp.tar.gz", "sha256": wrong}),
+            entry(huge, source={"uri": f"{file_server}/huge.tar.gz"}),
+        ]  # fmt: skip
+        results = await control.desired(entries)
+        assert results[good]["outcome"] == "applied"
+
+        async def failed(uid: str) -> dict[str, str] | None:
+            info = await control.model(uid)
+            return info if info.get("phase") == "Failed" else None
+
+        messages = {}
+        for uid in (missing, digest, huge):
+            info = await eventually(lambda uid=uid: failed(uid), what=f"{uid} to fail")
+            messages[uid] = info["message"]
+        assert messages[missing].startswith("BadSource: spec.model.source: ")
+        assert "404" in messages[missing]
+        assert messages[digest].startswith("BadSource: spec.model.source.sha256: ")
+        assert "limit" in messages[huge] and "spec.model.source: " in messages[huge]
+
+        # The others are unaffected: the mounted one and the fetched one serve.
+        await control.wait_state(good, "Resident")
+        await control.wait_state(fetched, "Resident")
+        x = reference.mlp_input(5)
+        for uid in (good, fetched):
+            answer = await models.mlp(uid, x)
+            assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
+
+        # The same entries again: deferred with the reason, not retried in a loop.
+        again = await control.desired(entries)
+        assert again[missing]["outcome"] == "deferred"
+        assert again[missing]["reason"] == "BadSource"
