@@ -120,7 +120,7 @@ async def test_metadata_ready_and_health() -> None:
         assert json.loads((await w.get("/v2"))[1])["name"] == "triton"
         w.triton.ready = False
         status, raw, _ = await w.get("/v2/health/ready")
-        assert status == 502 and json.loads(raw)["reason"] == "UpstreamUnavailable"
+        assert status == 503 and json.loads(raw)["reason"] == "TritonNotReady"
         # Nothing of this counts as use.
         assert w.directory.requests == []
 
@@ -233,3 +233,25 @@ async def test_generate_stream_passes_events_through_renamed() -> None:
             assert r.status == 400 and await r.json() == {
                 "error": "missing text_input for model 'chat'"
             }
+
+
+@pytest.mark.asyncio
+async def test_an_unreachable_triton_is_a_502() -> None:
+    from modelswap_sidecar.triton.process import free_loopback_port
+
+    directory = FakeDirectory(ALL, resident=[r.uid for r in ALL])
+    closed = f"127.0.0.1:{free_loopback_port()}"  # nothing listens there
+    async with (
+        served_gateway(directory, closed, upstream_connect_timeout_seconds=5) as served,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(
+            served.url + "/ns/team-a/v2/models/bert/infer", json=infer_body([1])
+        ) as r:
+            body = await r.json()
+        assert r.status == 502 and body["reason"] == "UpstreamUnavailable"
+        assert body["error"].startswith("Triton did not answer")
+        async with http.post(
+            served.url + "/ns/team-a/v1/completions", json={"model": "chat", "prompt": "x"}
+        ) as r:
+            assert r.status == 502 and (await r.json())["error"]["code"] == "UpstreamUnavailable"

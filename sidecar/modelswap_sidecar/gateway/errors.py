@@ -8,6 +8,7 @@
     ├── AmbiguousModelError         409 AmbiguousModel    a bare name held by several namespaces
     ├── QueueFullError              429 QueueFull         + Retry-After
     ├── QueueTimeoutError           503 QueueTimeout      + Retry-After (the swap-in goes on)
+    ├── TritonNotReadyError         503 TritonNotReady    /v2/health/ready while Triton is not
     ├── ModelSwappedOutError        503 ModelSwappedOut   + Retry-After: metadata of a model
     │                                                     Triton does not hold now
     ├── SwapInFailedError           503 SwapInFailed      + Retry-After; the agent raises it from
@@ -67,6 +68,11 @@ class QueueFullError(GatewayError):
 class QueueTimeoutError(GatewayError):
     status = 503
     reason = "QueueTimeout"
+
+
+class TritonNotReadyError(GatewayError):
+    status = 503
+    reason = "TritonNotReady"
 
 
 class ModelSwappedOutError(GatewayError):

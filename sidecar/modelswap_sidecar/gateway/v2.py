@@ -30,7 +30,7 @@ from modelswap_sidecar.gateway.errors import (
     BadRequestError,
     GatewayError,
     ModelSwappedOutError,
-    UpstreamError,
+    TritonNotReadyError,
 )
 from modelswap_sidecar.gateway.exchange import (
     FLAVOUR,
@@ -78,7 +78,7 @@ async def _server_ready(request: web.Request) -> web.Response:
     async with await gw.upstream.open("GET", "/v2/health/ready") as response:
         if response.status == 200:
             return web.Response(status=200)
-    raise UpstreamError("Triton is not ready")
+    raise TritonNotReadyError(f"Triton is not ready (it answered {response.status})")
 
 
 async def _server_metadata(request: web.Request) -> web.Response:
