@@ -8,9 +8,10 @@
     with att.in_use():                    # blocks swap-out; swaps in first if needed
         run(att.regions["weights"].address)
 
-Standard library only (plus `modelswap_api.wire`); numpy/torch views are imported only
-when asked for. Importing this module makes the process non-dumpable (`PR_SET_DUMPABLE 0`)
-and raises its soft fd limit to the hard limit.
+Standard library only (plus `modelswap_api.wire`); numpy/torch/cupy views import those
+only when asked for (`Region.numpy/torch/cupy`); none of them is a dependency. Importing
+this module makes the process non-dumpable (`PR_SET_DUMPABLE 0`) and raises its soft fd
+limit to the hard limit.
 
 Each region's address range is reserved once; on every swap-in the agent's fresh chunks
 are mapped at the same addresses, so pointers stay valid. After an agent restart the
@@ -91,8 +92,25 @@ class RegionSpec:
     kind: RegionKind | str = RegionKind.WEIGHTS
 
 
+class _DeviceBytes:
+    """`__cuda_array_interface__` (v3) over raw device bytes, for torch/cupy to wrap."""
+
+    def __init__(self, address: int, size_bytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size_bytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,  # no synchronization implied: the caller orders its own work
+        }
+
+
 @dataclass(slots=True)
 class Region:
+    """A region at a stable address. Views are valid while the model is resident (inside
+    `in_use()`): after a swap-out the addresses fault until the next swap-in."""
+
     tag: str
     kind: RegionKind
     size_bytes: int  # as asked for
@@ -100,17 +118,49 @@ class Region:
     address: int
     restored: bool = False
     handles: list[tuple[int, int, Handle]] = field(default_factory=list)  # (offset, size, h)
+    #: GPU memory (cuda-vmm, managed) rather than the sim's host memory
+    on_device: bool = False
+    #: the CPU may touch it (sim; managed memory is unified); cuda-vmm memory it may not
+    host_accessible: bool = True
 
     def view(self) -> memoryview:
-        """A writable byte view of the region (valid while the model is resident)."""
+        """A writable byte view of the region (memory the CPU may touch: sim, managed)."""
+        if not self.host_accessible:
+            raise ClientError(
+                f"region {self.tag} is GPU memory: use torch() or cupy()", ErrorCode.BAD_REQUEST
+            )
         buf = (ctypes.c_char * self.size_bytes).from_address(self.address)
         return memoryview(buf).cast("B")
 
     def numpy(self, dtype: str = "uint8") -> Any:
-        """A numpy array over the region (numpy is imported only here)."""
+        """A numpy array over the region (host memory; numpy is imported only here)."""
         import numpy as np  # noqa: PLC0415 - optional, imported at use
 
         return np.frombuffer(self.view(), dtype=dtype)
+
+    def torch(self, dtype: str = "uint8") -> Any:
+        """A torch tensor over the region, no copy: on the CUDA device for GPU memory (via
+        `__cuda_array_interface__`), on the CPU for the sim backend (`torch.frombuffer`).
+        torch is imported only here; it is not a dependency."""
+        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+        want = getattr(torch, dtype)
+        if self.on_device:
+            raw = torch.as_tensor(_DeviceBytes(self.address, self.size_bytes), device="cuda")
+        else:
+            raw = torch.frombuffer(self.view(), dtype=torch.uint8)
+        return raw.view(want)
+
+    def cupy(self, dtype: str = "uint8") -> Any:
+        """A cupy array over the region's GPU memory, no copy (cupy imported only here)."""
+        if not self.on_device:
+            raise ClientError(
+                f"region {self.tag} is host memory (sim): use numpy() or torch()",
+                ErrorCode.BAD_REQUEST,
+            )
+        import cupy  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+        return cupy.asarray(_DeviceBytes(self.address, self.size_bytes)).view(dtype)
 
 
 def _round_up(n: int) -> int:
@@ -723,7 +773,13 @@ def attach(
             reservation = backend.reserve(reserved)
             att._reservations.append(reservation)
             att.regions[spec.tag] = Region(
-                spec.tag, RegionKind(spec.kind), spec.size_bytes, reserved, reservation.address
+                spec.tag,
+                RegionKind(spec.kind),
+                spec.size_bytes,
+                reserved,
+                reservation.address,
+                on_device=backend.name != "sim",
+                host_accessible=backend.name in ("sim", "managed"),
             )
         try:
             att._peer = att._connect()
