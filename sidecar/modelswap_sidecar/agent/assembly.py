@@ -211,15 +211,17 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
 
 async def adopt(agent: Agent) -> int:
     """Take back the models a previous agent held (from its desired file), once Triton is
-    ready: a model Triton still serves is LOADED (its clients readopt), any other is loaded
-    again by the policy loop (restored from the host store when the engine kept a copy)."""
+    ready. A model Triton still serves is held as loading until its clients have readopted
+    their memory (the engine then counts live instances; no swap may touch it before),
+    then as loaded; any other is loaded again by the policy loop (restored from the host
+    store when the engine kept a copy)."""
     await agent.watch.first_ready.wait()
     try:
         index = await agent.driver.repository_index()
     except TritonError as e:
         log.warning("cannot read Triton's repository index to adopt models: %s", e)
         index = {}
-    count = 0
+    adopted: list[AgentModel] = []
     for entry in load_entries(agent.settings.state_dir / DESIRED_FILE):
         if entry.uid in agent.actuator.records:
             continue  # the operator pushed it first
@@ -235,14 +237,29 @@ async def adopt(agent: Agent) -> int:
             model.gpu = None
         served = index.get(model.triton_name)
         if served is not None and served.state == "READY" and model.gpu is not None:
-            model.serving = Serving.LOADED
-            model.resident_since_seconds = time.monotonic()
-            model.reason = "Adopted"
+            model.serving = Serving.LOADING
+            model.reason, model.message = "Adopting", "waiting for its clients to readopt"
+            adopted.append(model)
         agent.actuator.records[entry.uid] = model
-        count += 1
-    if count:
-        log.info("adopted %d model(s) held before this agent started", count)
-    return count
+    if adopted:
+        log.info("adopting %d model(s) held before this agent started", len(adopted))
+    deadline = time.monotonic() + agent.engine.settings.readopt_grace_seconds + 5.0
+    waiting = list(adopted)
+    while waiting:
+        for model in list(waiting):
+            status = reports.status_of(agent.engine, model)
+            if status is not None and status.instances > 0:
+                model.serving = Serving.LOADED
+                model.resident_since_seconds = time.monotonic()
+                model.reason, model.message = "Adopted", ""
+                waiting.remove(model)
+        if not waiting or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    for model in waiting:  # no client came back: load it again (restored from the store)
+        log.warning("model %s: no client readopted it; loading it again", model.uid)
+        model.serving = Serving.PENDING
+    return len(adopted) - len(waiting)
 
 
 async def _serve_metrics(settings: AgentSettings, registry: CollectorRegistry) -> web.AppRunner:

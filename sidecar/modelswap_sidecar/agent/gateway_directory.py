@@ -1,0 +1,177 @@
+"""The gateway's `ModelDirectory` over the agent: routes from the desired entries,
+residency from the engine, swap-ins through the actuator, request times for the policy.
+
+- `lookup`/`routes`: every desired model the agent holds (not unloaded), under the name
+  users call it (`spec.model.name`, else metadata.name) in its namespace; `decoupled` read
+  once per model directory from its config.pbtxt (`model_transaction_policy`).
+- `is_resident`: Triton serves it and, for a model that maps memory through the client
+  library, the engine holds it RESIDENT.
+- `ensure_resident`: waits for a model still loading, then `Actuator.swap_in` (policy
+  admission, victims swapped out first, the engine's swap-in or a reload after a drop).
+  The gateway calls it once per cold period; the actuator's per-model lock serialises it
+  with the policy loop and manual swaps. A refusal raises `SwapInFailedError` with the
+  actuator's reason.
+- `record_request`: the model's last-request times (monotonic and wall), which the policy
+  loop's idle rule reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.gateway.directory import ModelRoute
+from modelswap_sidecar.gateway.errors import SwapInFailedError, UnknownModelError
+from modelswap_sidecar.gateway.routing import resolve
+from modelswap_sidecar.triton.config import read_model_config
+from modelswap_sidecar.triton.errors import ModelConfigInvalid
+
+log = logging.getLogger(__name__)
+
+#: How often `ensure_resident` looks again at a model that is still loading.
+LOAD_POLL_SECONDS = 0.05
+#: Serving states a request can wait out; any other (pending, deferred, failed, unloaded)
+#: is refused at once with the agent's reason.
+_WAITABLE = (Serving.LOADING,)
+_SWAPPABLE = (Serving.LOADED, Serving.DROPPED)
+
+
+def user_name(model: AgentModel) -> str:
+    """The name users call the model: `spec.model.name`, else its metadata name."""
+    return model.entry.spec.model.name or model.entry.name
+
+
+def is_decoupled(model_dir: Path) -> bool:
+    """Triton's `model_transaction_policy { decoupled: true }` in the model's config.pbtxt."""
+    try:
+        config = read_model_config(model_dir)
+    except ModelConfigInvalid:
+        return False
+    return bool(config.model_transaction_policy.decoupled)
+
+
+class AgentDirectory:
+    """`gateway.directory.ModelDirectory` over an `Actuator`'s records."""
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        load_wait_seconds: float = 600.0,
+    ) -> None:
+        self.actuator = actuator
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.load_wait_seconds = load_wait_seconds
+        self._decoupled: dict[Path, bool] = {}
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def _served(self) -> list[AgentModel]:
+        return [
+            m
+            for m in list(self.actuator.records.values())
+            if m.desired and m.serving not in (Serving.UNLOADING, Serving.UNLOADED)
+        ]
+
+    def _decoupled_of(self, model: AgentModel) -> bool:
+        if model.resolved is None:
+            return False
+        folder = model.resolved.model_dir
+        if folder not in self._decoupled:
+            self._decoupled[folder] = is_decoupled(folder)
+        return self._decoupled[folder]
+
+    def route_of(self, model: AgentModel) -> ModelRoute:
+        return ModelRoute(
+            uid=model.uid,
+            namespace=model.entry.namespace,
+            name=user_name(model),
+            triton_name=model.triton_name,
+            decoupled=self._decoupled_of(model),
+            max_queued=model.policy.max_queued,
+            queue_timeout_seconds=model.policy.queue_timeout.seconds,
+        )
+
+    def routes(self, namespace: str | None) -> Sequence[ModelRoute]:
+        return [
+            self.route_of(m)
+            for m in self._served()
+            if namespace is None or m.entry.namespace == namespace
+        ]
+
+    def lookup(self, name: str, namespace: str | None) -> ModelRoute:
+        return resolve(self.routes(None), name, namespace)
+
+    # -- residency ---------------------------------------------------------------------------
+
+    def _model(self, uid: str) -> AgentModel:
+        model = self.actuator.records.get(uid)
+        if model is None or not model.desired:
+            raise UnknownModelError(f"model {uid} is no longer served on this node")
+        return model
+
+    def is_resident(self, uid: str) -> bool:
+        model = self.actuator.records.get(uid)
+        if model is None or model.serving is not Serving.LOADED:
+            return False
+        if not model.attaches:
+            return True
+        return self.actuator.engine_state(model) is EngineState.RESIDENT
+
+    def swap_state(self, uid: str) -> str:
+        model = self.actuator.records.get(uid)
+        if model is None:
+            return "unknown"
+        if model.serving is not Serving.LOADED or not model.attaches:
+            return str(model.serving)
+        state = self.actuator.engine_state(model)
+        return str(state) if state is not None else str(model.serving)
+
+    async def ensure_resident(self, uid: str) -> None:
+        model = self._model(uid)
+        await self._wait_loaded(model)
+        if self.is_resident(uid):
+            return
+        result = await self.actuator.swap_in(model)
+        if result.outcome == "refused":
+            message = result.message or result.reason
+            raise SwapInFailedError(
+                f"{model.entry.namespace}/{user_name(model)} could not be swapped in: "
+                f"{result.reason}: {message}"
+            )
+        if not self.is_resident(uid):
+            raise SwapInFailedError(
+                f"{model.entry.namespace}/{user_name(model)} is {self.swap_state(uid)} "
+                f"after its swap-in ({result.reason})"
+            )
+        log.debug("model %s resident for the gateway (%s)", uid, result.reason)
+
+    async def _wait_loaded(self, model: AgentModel) -> None:
+        deadline = self.clock() + self.load_wait_seconds
+        while model.serving in _WAITABLE and self.clock() < deadline:
+            await asyncio.sleep(LOAD_POLL_SECONDS)
+        if model.serving not in _SWAPPABLE:
+            detail = f": {model.reason} {model.message}".rstrip() if model.reason else ""
+            raise SwapInFailedError(
+                f"{model.entry.namespace}/{user_name(model)} is {model.serving}{detail}"
+            )
+
+    def record_request(self, uid: str, at_seconds: float) -> None:
+        model = self.actuator.records.get(uid)
+        if model is None:
+            return
+        previous = model.last_request_wall_seconds
+        if previous is not None and previous >= at_seconds:
+            return
+        now, wall = self.clock(), self.wall_clock()
+        model.last_request_wall_seconds = at_seconds
+        model.last_request_seconds = now - max(wall - at_seconds, 0.0)
