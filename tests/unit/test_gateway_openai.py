@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from modelswap_sidecar.gateway.errors import BadRequestError
+from modelswap_sidecar.gateway.errors import BadRequestError, ModelStreamError
 from modelswap_sidecar.gateway.openai import (
     Completion,
-    ModelStreamError,
     chat_prompt,
     error_body,
     parse_chat,

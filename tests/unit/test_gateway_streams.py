@@ -41,7 +41,9 @@ async def world(*, resident: bool = True, **settings: Any) -> AsyncIterator[Worl
         triton.loaded = {r.triton_name for r in ALL} if resident else set()
 
         async def load(uid: str) -> None:
-            triton.loaded.add(next(r.triton_name for r in ALL if r.uid == uid))
+            loaded = directory.table.by_uid(uid)
+            assert loaded is not None
+            triton.loaded.add(loaded.triton_name)
 
         directory.action = load
         async with (

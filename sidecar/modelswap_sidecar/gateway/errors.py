@@ -17,6 +17,9 @@
     └── TritonRefusedError          Triton's status, TritonError: Triton's own refusal,
                                     relayed (OpenAI routes)
 
+`ModelStreamError` (not a GatewayError) is a model's error event inside a `generate_stream`
+answer; the OpenAI routes report it as a 500.
+
 The KServe v2 routes render them as `{"error": message, "reason": reason}`, the OpenAI
 routes as `{"error": {"message", "type", "code"}}`.
 """
@@ -96,3 +99,7 @@ class TritonRefusedError(GatewayError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ModelStreamError(Exception):
+    """The model answered an error inside its stream."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from modelswap_sidecar.gateway.errors import BadRequestError
+from modelswap_sidecar.gateway.errors import BadRequestError, ModelStreamError
 
 Kind = Literal["completion", "chat"]
 ParameterValue = str | int | float | bool
@@ -29,10 +29,6 @@ ParameterValue = str | int | float | bool
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 _NUMBERS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
-
-
-class ModelStreamError(Exception):
-    """The model answered an error inside its stream."""
 
 
 @dataclass(frozen=True)

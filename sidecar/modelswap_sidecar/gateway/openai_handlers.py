@@ -23,6 +23,7 @@ from modelswap_sidecar.gateway.context import GATEWAY, Gateway
 from modelswap_sidecar.gateway.errors import (
     BadRequestError,
     GatewayError,
+    ModelStreamError,
     TritonRefusedError,
     UnknownModelError,
 )
@@ -119,7 +120,7 @@ async def _text(
             return stream
         body_bytes = json.dumps(completion.response()).encode()
         return await exchange.answer(200, body_bytes, "application/json")
-    except openai.ModelStreamError as e:
+    except ModelStreamError as e:
         error = TritonRefusedError(f"the model failed: {e}", 500)
         return await exchange.fail(error)
     except GatewayError as e:
