@@ -31,6 +31,7 @@ from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.backend import AgentBackend
 from modelswap_sidecar.agent.desired_file import load_entries
+from modelswap_sidecar.agent.gateway_directory import AgentDirectory
 from modelswap_sidecar.agent.loading import ModelLoader
 from modelswap_sidecar.agent.loops import PolicyLoop, RuntimeWatch
 from modelswap_sidecar.agent.records import AgentModel, Serving
@@ -46,6 +47,9 @@ from modelswap_sidecar.engine.core import Engine, EngineSettings
 from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.server import EngineServer, harden_process
+from modelswap_sidecar.gateway.app import make_app as make_gateway_app
+from modelswap_sidecar.gateway.app import start as start_gateway
+from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.metrics import NodeMetrics, metrics_app
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
@@ -282,6 +286,17 @@ def write_endpoints(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+async def _serve_gateway(settings: AgentSettings, agent: Agent) -> web.AppRunner:
+    gateway = GatewaySettings(
+        upstream_url=f"http://{settings.triton.url}",
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        local_mode=settings.local_mode,
+    )
+    app = make_gateway_app(AgentDirectory(agent.actuator), gateway, registry=agent.registry)
+    return await start_gateway(app)
+
+
 async def run_agent(settings: AgentSettings) -> int:
     harden_process()
     stop = asyncio.Event()
@@ -293,6 +308,9 @@ async def run_agent(settings: AgentSettings) -> int:
         metrics_runner = None
         if settings.metrics_port:
             metrics_runner = await _serve_metrics(settings, agent.registry)
+        gateway_runner = None
+        if settings.gateway_port:
+            gateway_runner = await _serve_gateway(settings, agent)
         tasks = [
             asyncio.create_task(agent.watch.run(), name="runtime-watch"),
             asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
@@ -304,6 +322,7 @@ async def run_agent(settings: AgentSettings) -> int:
                 "pid": os.getpid(),
                 "controlPort": _port_of(control),
                 "metricsPort": _port_of(metrics_runner) if metrics_runner else None,
+                "gatewayPort": _port_of(gateway_runner) if gateway_runner else None,
                 "socket": str(settings.socket_path),
             },
         )
@@ -321,4 +340,6 @@ async def run_agent(settings: AgentSettings) -> int:
         await control.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
+        if gateway_runner is not None:
+            await gateway_runner.cleanup()
     return 0

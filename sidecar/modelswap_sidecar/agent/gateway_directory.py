@@ -157,7 +157,9 @@ class AgentDirectory:
 
     async def _wait_loaded(self, model: AgentModel) -> None:
         deadline = self.clock() + self.load_wait_seconds
-        while model.serving in _WAITABLE and self.clock() < deadline:
+        while True:  # loads finish in the actuator's own task; nothing to await here
+            if model.serving not in _WAITABLE or self.clock() >= deadline:
+                break
             await asyncio.sleep(LOAD_POLL_SECONDS)
         if model.serving not in _SWAPPABLE:
             detail = f": {model.reason} {model.message}".rstrip() if model.reason else ""

@@ -17,6 +17,7 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
     control: {host: 0.0.0.0, port: 9443, tokenFile: /etc/modelswap/token, graceSeconds: 90,
               tlsCertFile: null, tlsKeyFile: null}
     metrics: {host: 0.0.0.0, port: 9090}     # port 0: no metrics server
+    gateway: {host: 0.0.0.0, port: 8080}     # KServe v2 + OpenAI; port 0: no gateway
     triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
@@ -97,6 +98,9 @@ class AgentSettings:
     tls_key_file: Path | None = None
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 0
+    gateway_host: str = "0.0.0.0"
+    #: 0: no gateway.
+    gateway_port: int = 0
     triton: TritonEndpoint
     policy: PolicyLoopSettings = PolicyLoopSettings()
     defaults: Mapping[str, Any] = field(default_factory=lambda: copy.deepcopy(BUILTIN_DEFAULTS))
@@ -173,6 +177,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     cache = _get(doc, "sourceCache", {})
     control = _get(doc, "control", {})
     metrics = _get(doc, "metrics", {})
+    gateway = _get(doc, "gateway", {})
     triton = _get(doc, "triton", {})
     policy = _get(doc, "policy", {})
     if not triton.get("url"):
@@ -207,6 +212,8 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         tls_key_file=_path(control, "tlsKeyFile", "control.", required=False),
         metrics_host=str(_get(metrics, "host", "0.0.0.0")),
         metrics_port=int(_get(metrics, "port", 0)),
+        gateway_host=str(_get(gateway, "host", "0.0.0.0")),
+        gateway_port=int(_get(gateway, "port", 0)),
         triton=TritonEndpoint(
             url=str(triton["url"]),
             repository=_required_path(triton, "repository", "triton."),
