@@ -11,6 +11,7 @@ from modelswap_sidecar.gateway.errors import (
     QueueFullError,
     QueueTimeoutError,
     SwapInFailedError,
+    UnknownModelError,
 )
 from modelswap_sidecar.gateway.queueing import SwapInQueues, Ticket
 from tests.support.gateway_fakes import FakeDirectory, refuse, route, until
@@ -214,3 +215,14 @@ async def test_close_cancels_running_swap_ins() -> None:
     with pytest.raises(SwapInFailedError, match="shutting down"):
         await asyncio.wait_for(waiting(ticket), 10)
     assert queues.depths() == []
+
+
+@pytest.mark.asyncio
+async def test_a_directory_error_reaches_the_waiters_as_it_is() -> None:
+    model = route("llama")
+    directory = FakeDirectory([model])
+    directory.failure[model.uid] = UnknownModelError("model llama is no longer served on this node")
+    queues, recorder = queues_for(directory)
+    with pytest.raises(UnknownModelError, match="no longer served"):
+        await asyncio.wait_for(waiting(queues.enter(model)), 10)
+    assert recorder.refusals == ["ModelNotFound"]

@@ -8,7 +8,8 @@ start another. A request finds the queue full when `max_queued` others already w
 starts the swap-in). A waiter leaves with 503 QueueTimeout once `queue_timeout_seconds`
 have passed since it arrived; the swap-in is not cancelled, so a later retry finds the
 model resident. When the swap-in ends, waiters are released in arrival order (each
-waiter's task resumes in that order); when it fails, each gets 503 SwapInFailed. A
+waiter's task resumes in that order); when it fails, each gets 503 SwapInFailed (or the
+`GatewayError` the directory raised, e.g. 404 for a model deleted meanwhile). A
 waiter whose client went away (its handler cancelled) leaves the queue in `Ticket.close`.
 
 While a queue exists, a new request queues even if the model already reports resident,
@@ -228,9 +229,9 @@ class SwapInQueues:
         except asyncio.CancelledError:
             error = self._shutting_down()
             raise
-        except SwapInFailedError as e:
+        except GatewayError as e:  # SwapInFailedError, or e.g. a model deleted meanwhile
             error = e
-            if e.retry_after_seconds is None:
+            if isinstance(e, SwapInFailedError) and e.retry_after_seconds is None:
                 e.retry_after_seconds = self.retry_after_seconds
         except Exception as e:
             logger.exception("swap-in of %s/%s failed", route.namespace, route.name)
