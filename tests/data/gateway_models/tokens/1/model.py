@@ -29,7 +29,6 @@ class TritonPythonModel:
         for request in requests:
             # Answer from a thread, so `execute` returns at once, as decoupled models may.
             threading.Thread(target=self._generate, args=(request,), daemon=True).start()
-        return None
 
     def _generate(self, request):
         sender = request.get_response_sender()
