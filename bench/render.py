@@ -53,7 +53,7 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
             f"{mt['ratio_to_sync_baseline']:.2f} |" if "ratio_to_sync_baseline" in mt else "|"
         )
         other = [
-            f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else f'{v:g}'}"
+            f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else f'{v:.2f}'}"
             for k, v in mt.items()
             if k not in _COLUMNS
         ]

@@ -46,7 +46,9 @@ from modelswap_sidecar.engine.vouching import RegisteredVoucher
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
-POOL_CHUNK_BYTES = 64 * MIB
+#: the sim default (and minimum): a model spans several chunks, so copying one overlaps
+#: granting access to (populating) the next
+POOL_CHUNK_BYTES = 32 * MIB
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [
@@ -203,6 +205,13 @@ def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
             throughput_bytes_per_second=size / med_in,
             ratio_to_ceiling=med_ceiling / med_in,
             ratio_to_sync_baseline=med_base / med_in,
+            # the same ratios per repetition (each pair measured side by side), median
+            paired_ratio_to_ceiling=statistics.median(
+                c / i for c, i in zip(ceilings, ins, strict=True)
+            ),
+            paired_ratio_to_sync_baseline=statistics.median(
+                b / i for b, i in zip(baselines, ins, strict=True)
+            ),
         ),
         results_schema.result("swap_out", params, outs, throughput_bytes_per_second=size / med_out),
         results_schema.result(
@@ -234,7 +243,8 @@ NOTES = [
     "order) and swap-in side by side, each after the pool refilled, so the shared machine's "
     "noise hits all alike; one untimed swap cycle runs first. Medians of the repetitions.",
     "ratio_to_ceiling and ratio_to_sync_baseline are reference seconds / swap-in seconds "
-    "(medians); > 1 means the swap-in was faster than the reference.",
+    "(medians); > 1 means the swap-in was faster than the reference. paired_ratio_* are "
+    "the median of the per-repetition ratios (each pair measured side by side).",
     "swap_in = engine.swap_in(): allocate from the pre-populated pool, export fds over "
     "SCM_RIGHTS, client maps them PROT_NONE at its reserved addresses (one message), then "
     "(second message) grants access chunk by chunk (sim: re-map MAP_POPULATE) while 2 copy "
@@ -247,7 +257,7 @@ NOTES = [
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes-mib", default="64,256,1024")
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=11)
     args = p.parse_args(argv)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="modelswap-bench-", dir="/dev/shm") as tmp:

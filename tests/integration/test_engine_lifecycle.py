@@ -92,6 +92,8 @@ def test_lost_host_copy_fails_the_model_with_a_reason_and_frees_it(procs: Procs)
     agent = procs.agent(["64M"], ["m:0:preserve"])
     c, digest = loaded(procs, agent, "m", 5)
     agent.ok(cmd="swap_out", model="m")
+    assert c.ok(cmd="hash", tag="w")["sha256"] == digest  # maps the weight copy (kept)
+    agent.ok(cmd="swap_out", model="m")
     for p in model_files(procs, "m"):
         if p.suffix == ".weights":
             p.unlink()  # the only complete copy of the weights is gone

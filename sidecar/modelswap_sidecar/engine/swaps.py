@@ -313,7 +313,9 @@ class Swapper:
             raise WrongState(f"model {m.name} has no connected instance to swap into")
         started = time.perf_counter()
         m.epoch += 1
-        e.set_state(m, S.ALLOCATING, "swap-in requested")
+        # not persisted: until RESIDENT the state file keeps SWAPPED_OUT, which is what a
+        # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
+        e.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
             self.bring_in(m, live, track_states=True)
         except (EngineError, RemoteError) as ex:  # rolled back; the host copy is intact
@@ -356,7 +358,9 @@ class Swapper:
         released, the host copies deleted; the reason stays in the status."""
         e = self.engine
         mapped = [i for i in m.instances.values() if i.mapped]
-        live = [i for i in mapped if i.live]
+        # every live client, mapped or not, hears it: it also drops its mappings of the
+        # host copies (kept between swap-ins), which are deleted below
+        live = m.live_instances()
         if live:
             body = {"kv_discarded": True, "dropped": True}
             _ok, failed = _broadcast(e, m, live, Op.UNMAP, bodies={i.name: body for i in live})
@@ -411,7 +415,7 @@ class Swapper:
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
             e.checkpoint("swap_in.mapped" if track_states else "attach.mapped")
-            if track_states:  # mid-swap-in states: a restarted agent settles from readopt
+            if track_states:  # mid-swap-in states, not persisted either
                 e.set_state(m, S.MAPPED, persist=False)
                 e.set_state(m, S.RESTORING, persist=False)
             results = self._restore(m, instances)
