@@ -5,7 +5,8 @@ residency from the engine, swap-ins through the actuator, request times for the 
   users call it (`spec.model.name`, else metadata.name) in its namespace; `decoupled` read
   once per model directory from its config.pbtxt (`model_transaction_policy`).
 - `is_resident`: Triton serves it and, for a model that maps memory through the client
-  library, the engine holds it RESIDENT.
+  library, the engine holds it RESIDENT (or LOADING once a dropped model's swap-in has
+  mapped fresh memory: the next request reloads its weights).
 - `ensure_resident`: waits for a model still loading, then `Actuator.swap_in` (policy
   admission, victims swapped out first, the engine's swap-in or a reload after a drop).
   The gateway calls it once per cold period; the actuator's per-model lock serialises it
@@ -40,6 +41,10 @@ LOAD_POLL_SECONDS = 0.05
 #: is refused at once with the agent's reason.
 _WAITABLE = (Serving.LOADING,)
 _SWAPPABLE = (Serving.LOADED, Serving.DROPPED)
+#: Engine states in which a loaded model answers a request without a swap-in: RESIDENT, and
+#: LOADING after a swap-in of a dropped model (fresh memory mapped; the model reloads its
+#: weights from its source inside the request that follows, and commits).
+_SERVES = (EngineState.RESIDENT, EngineState.LOADING)
 
 
 def user_name(model: AgentModel) -> str:
@@ -125,7 +130,7 @@ class AgentDirectory:
             return False
         if not model.attaches:
             return True
-        return self.actuator.engine_state(model) is EngineState.RESIDENT
+        return self.actuator.engine_state(model) in _SERVES
 
     def swap_state(self, uid: str) -> str:
         model = self.actuator.records.get(uid)

@@ -1,0 +1,145 @@
+"""Pure: the ModelDeployment YAML files of a local-mode folder, checked as the cluster
+checks them (`validate_resource`, then `effective_policy` over the local defaults).
+
+    models, problems = read_folder(folder, defaults)
+
+Every file directly in the folder ending in `.yaml`/`.yml` is read (sub-folders are not:
+`models/` beside them holds the model sources). A document that fails is a `Problem`
+naming its file and field, and is skipped; the others are served. UIDs are stable
+(`local_uid`: a UUID5 of namespace/name), so an edited file keeps its model.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelswap_api.errors import PolicyError
+from modelswap_api.policy import EffectivePolicy, effective_policy
+from modelswap_api.resources import validate_resource
+
+YAML_SUFFIXES = (".yaml", ".yml")
+MODEL_DEPLOYMENT = "ModelDeployment"
+DEFAULT_NAMESPACE = "default"
+_UID_NAMESPACE = uuid.UUID("6b1c5d2e-9a0f-4f4e-8e43-6d6f64656c73")
+
+
+def local_uid(namespace: str, name: str) -> str:
+    """The UID local mode gives namespace/name: the same on every run and every edit."""
+    return str(uuid.uuid5(_UID_NAMESPACE, f"{namespace}/{name}"))
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    file: Path
+    namespace: str
+    name: str
+    uid: str
+    #: The validated spec (wire form, as the API server would store it).
+    spec: Mapping[str, Any]
+    policy: EffectivePolicy
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: Path
+    #: `ModelDeployment default/chat`, or `document 2` when it has no name.
+    label: str
+    #: `spec.swapPolicy.idleAfter: ...` — the field first.
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.label}: {self.message}"
+
+
+def yaml_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in YAML_SUFFIXES)
+
+
+def _label(document: Mapping[str, Any], index: int) -> str:
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    kind = document.get("kind") or "object"
+    if not name:
+        return f"document {index + 1}"
+    return f"{kind} {namespace or DEFAULT_NAMESPACE}/{name}"
+
+
+def check_document(
+    file: Path, document: Any, index: int, defaults: Mapping[str, Any]
+) -> LocalModel | list[Problem]:
+    """One YAML document: a model to serve, or its problems (each naming its field)."""
+    if not isinstance(document, Mapping):
+        return [Problem(file, f"document {index + 1}", "not a Kubernetes object (a mapping)")]
+    label = _label(document, index)
+    if document.get("kind") != MODEL_DEPLOYMENT:
+        kind = document.get("kind")
+        return [Problem(file, label, f"kind: local mode serves ModelDeployments, not {kind!r}")]
+    result = validate_resource(document)
+    if result.errors:
+        return [Problem(file, label, str(error)) for error in result.errors]
+    obj = result.object
+    spec = obj["spec"]
+    try:
+        policy = effective_policy(spec, defaults)
+    except PolicyError as e:
+        return [Problem(file, label, str(error)) for error in e.errors]
+    metadata = obj["metadata"]
+    namespace = str(metadata.get("namespace") or DEFAULT_NAMESPACE)
+    name = str(metadata["name"])
+    return LocalModel(file, namespace, name, local_uid(namespace, name), spec, policy)
+
+
+def read_file(file: Path, defaults: Mapping[str, Any]) -> tuple[list[LocalModel], list[Problem]]:
+    try:
+        documents = [d for d in yaml.safe_load_all(file.read_text(encoding="utf-8"))]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        return [], [Problem(file, "file", f"cannot read YAML: {e}")]
+    models: list[LocalModel] = []
+    problems: list[Problem] = []
+    for index, document in enumerate(documents):
+        if document is None:
+            continue
+        checked = check_document(file, document, index, defaults)
+        if isinstance(checked, LocalModel):
+            models.append(checked)
+        else:
+            problems.extend(checked)
+    return models, problems
+
+
+def read_folder(
+    folder: Path, defaults: Mapping[str, Any]
+) -> tuple[list[LocalModel], list[Problem]]:
+    """Every valid model of `folder`'s YAML files, and the problems of the rest. A second
+    document for the same namespace/name is a problem (the first one wins)."""
+    models: list[LocalModel] = []
+    problems: list[Problem] = []
+    seen: dict[str, Path] = {}
+    for file in yaml_files(folder):
+        found, bad = read_file(file, defaults)
+        problems.extend(bad)
+        for model in found:
+            first = seen.get(model.uid)
+            if first is not None:
+                problems.append(
+                    Problem(
+                        file,
+                        f"{MODEL_DEPLOYMENT} {model.namespace}/{model.name}",
+                        f"metadata.name: also defined in {first}; this one is skipped",
+                    )
+                )
+                continue
+            seen[model.uid] = file
+            models.append(model)
+    return models, problems
+
+
+def same_problems(a: Sequence[Problem], b: Sequence[Problem]) -> bool:
+    return [str(p) for p in a] == [str(p) for p in b]

@@ -1,0 +1,92 @@
+"""Settings of `modelswap up`, read once from the command line into a frozen dataclass,
+and the agent's settings document built from them (pure).
+
+    folder              the ModelDeployment YAML folder (-f, default ./examples)
+    runDir              --run-dir, default ./.modelswap
+    modelRoot           --model-root: where `/models/<x>` sources live on this machine;
+                        default `<folder>/models`
+    defaults            --defaults FILE: local policy defaults (the shape of
+                        modelswap_api.defaults.BUILTIN_DEFAULTS, which is the default)
+    gateway             --host 127.0.0.1, --port 8080 (0: any free port)
+    simGpuBytes         --sim-gpu-bytes 240Mi (repeat for more sim GPUs): one sim GPU that
+                        holds two of the three example models, so they compete
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelswap_sidecar.local.rundir import RunDir
+
+MIB = 1 << 20
+#: One sim GPU that holds the pinned chat model and one more of the examples (not all
+#: three), under the high watermark: models compete for it.
+DEFAULT_SIM_GPU_BYTES = 240 * MIB
+#: Mounted sources are written `/models/<x>` in the examples.
+MODELS_PREFIX = "/models"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSettings:
+    folder: Path
+    run_dir: RunDir
+    model_root: Path
+    defaults: Mapping[str, Any]
+    triton_binary: Path
+    node_name: str = "local"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    sim_gpu_bytes: tuple[int, ...] = (DEFAULT_SIM_GPU_BYTES,)
+    host_store_bytes: int = 4 << 30
+    pool_chunk_bytes: int = 32 * MIB
+    #: How often the folder is looked at for edits.
+    poll_seconds: float = 1.0
+    #: A model whose file is gone is unloaded this long after (the operator's grace).
+    unload_grace_seconds: float = 5.0
+    #: Interval of the agent's policy loop.
+    policy_interval_seconds: float = 0.25
+    stop_grace_seconds: float = 15.0
+    log_level: str = "info"
+
+
+def agent_document(
+    settings: LocalSettings, *, triton_url: str, control_port: int, gateway_port: int
+) -> dict[str, Any]:
+    """The agent's settings (see `agent/settings.py`) for local mode."""
+    run = settings.run_dir
+    return {
+        "nodeName": settings.node_name,
+        "localMode": True,
+        "allocator": "sim",
+        "gpus": [
+            {"uuid": f"sim-gpu-{i}", "capacityBytes": b}
+            for i, b in enumerate(settings.sim_gpu_bytes)
+        ],
+        "poolChunkBytes": settings.pool_chunk_bytes,
+        "hostStore": {"dir": str(run.host_store), "capacityBytes": settings.host_store_bytes},
+        "socketDir": str(run.socket_dir),
+        "stateDir": str(run.agent_state),
+        "sourceCache": {"dir": str(run.source_cache), "capacityBytes": 4 << 30},
+        "modelRoots": {MODELS_PREFIX: str(settings.model_root)},
+        "control": {
+            "host": "127.0.0.1",
+            "port": control_port,
+            "tokenFile": str(run.token_file),
+            "graceSeconds": settings.unload_grace_seconds,
+        },
+        "metrics": {"host": "127.0.0.1", "port": 0},
+        "gateway": {"host": settings.gateway_host, "port": gateway_port},
+        "triton": {
+            "url": triton_url,
+            "repository": str(run.repository),
+            "supervisorStateFile": str(run.supervisor_state),
+            "loadTimeoutSeconds": 120,
+        },
+        "policy": {"intervalSeconds": settings.policy_interval_seconds},
+        "defaults": dict(settings.defaults),
+        "logLevel": settings.log_level,
+        "jsonLogs": False,
+    }

@@ -1,0 +1,94 @@
+"""`modelswap status`: the columns of `kubectl get md` for local mode.
+
+    NAME        MODEL       NODE   PHASE       RESIDENT   LAST-REQUEST   AGE
+    chat-pinned chat        local  Resident    96Mi       4s             2m10s
+
+The models and their state come from the agent (`GET /v1/models` on its control API,
+found through the run directory's state file); AGE counts from the first push that
+carried the model. Files local mode refused are listed below the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+COLUMNS = ("NAME", "MODEL", "NODE", "PHASE", "RESIDENT", "LAST-REQUEST", "AGE")
+NONE = "<none>"
+
+
+def short_age(seconds: float | None) -> str:
+    """kubectl's way: 45s, 3m12s, 2h5m, 3d4h."""
+    if seconds is None:
+        return NONE
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    minutes, s = divmod(s, 60)
+    if minutes < 60:
+        return f"{minutes}m{s}s" if s and minutes < 10 else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes}m" if minutes and hours < 10 else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if hours and days < 10 else f"{days}d"
+
+
+def short_bytes(value: int) -> str:
+    for unit, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return f"{value >> shift}{unit}"
+    return str(value)
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp()
+
+
+def rows(
+    models: Sequence[Mapping[str, Any]],
+    local: Sequence[Mapping[str, Any]],
+    *,
+    node_name: str,
+    now_seconds: float,
+) -> list[tuple[str, ...]]:
+    """One row per model the agent reports, in name order; `local` adds what the agent does
+    not know (the model's user-facing name, when it was first applied)."""
+    by_uid = {str(m.get("uid")): m for m in local}
+    namespaces = {str(m.get("namespace")) for m in models}
+    out: list[tuple[str, ...]] = []
+    for info in sorted(models, key=lambda m: (m.get("namespace", ""), m.get("name", ""))):
+        mine = by_uid.get(str(info.get("uid")), {})
+        name = str(info.get("name"))
+        if len(namespaces) > 1:
+            name = f"{info.get('namespace')}/{name}"
+        last = parse_time(info.get("lastRequestTime"))
+        applied = mine.get("appliedAt")
+        out.append(
+            (
+                name,
+                str(mine.get("model") or info.get("name")),
+                node_name if info.get("desired", True) else NONE,
+                str(info.get("phase", "")),
+                short_bytes(int(info.get("residentBytes") or 0)),
+                short_age(now_seconds - last) if last is not None else NONE,
+                short_age(now_seconds - float(applied)) if applied is not None else NONE,
+            )
+        )
+    return out
+
+
+def table(body: Sequence[tuple[str, ...]]) -> str:
+    lines = [COLUMNS, *body]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )

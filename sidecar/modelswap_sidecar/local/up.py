@@ -1,0 +1,201 @@
+"""`modelswap up`: one node without Kubernetes, in this process.
+
+The same `Supervisor` as `modelswap node` runs the agent (`modelswap sidecar`, local mode:
+sim GPUs, no fencing, the gateway on localhost) and `tritonserver`, each in a process
+group of its own; a `FolderWatcher` thread plays the operator, pushing the folder's
+ModelDeployments to the agent's control API. SIGINT (Ctrl-C) or SIGTERM stops the
+supervisor, which stops both children (Triton's stubs with it) and removes Triton's shm
+regions; the run directory's transient parts are removed last, so nothing is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from modelswap_sidecar.gpu.devices import choose_allocator_backend
+from modelswap_sidecar.local.errors import AlreadyRunningError
+from modelswap_sidecar.local.rundir import pid_alive, read_json, write_json
+from modelswap_sidecar.local.settings import LocalSettings, agent_document
+from modelswap_sidecar.local.watcher import Applied, FolderWatcher
+from modelswap_sidecar.supervisor.children import node_children
+from modelswap_sidecar.supervisor.core import Supervisor
+from modelswap_sidecar.supervisor.identity import SystemUsers
+from modelswap_sidecar.supervisor.restarts import RestartPolicy
+from modelswap_sidecar.supervisor.settings import AgentSettings as AgentChild
+from modelswap_sidecar.supervisor.settings import RuntimeSettings, SupervisorSettings
+from modelswap_sidecar.triton.process import TritonSettings, free_loopback_port, pick_ports
+
+log = logging.getLogger(__name__)
+
+
+def check_not_running(settings: LocalSettings) -> None:
+    state = read_json(settings.run_dir.state_file)
+    if state and isinstance(state.get("pid"), int) and state.get("running"):
+        pid = int(state["pid"])
+        if pid != os.getpid() and pid_alive(pid):
+            raise AlreadyRunningError(
+                f"modelswap up is already running in {settings.run_dir.root} (pid {pid}); "
+                "stop it first, or pass another --run-dir"
+            )
+
+
+def _state_doc(
+    settings: LocalSettings, base: dict[str, Any], applied: Applied | None, running: bool
+) -> dict[str, Any]:
+    doc = {**base, "running": running, "updatedAt": time.time()}
+    if applied is not None:
+        doc["pushes"] = applied.pushes
+        doc["models"] = [
+            {
+                "uid": m.uid,
+                "namespace": m.namespace,
+                "name": m.name,
+                "model": m.spec.get("model", {}).get("name") or m.name,
+                "file": str(m.file),
+                "appliedAt": applied.first_applied.get(m.uid),
+                "outcome": applied.outcomes.get(m.uid),
+            }
+            for m in applied.models
+        ]
+        doc["problems"] = [str(p) for p in applied.problems]
+    return doc
+
+
+def _announce(out: TextIO, settings: LocalSettings, gateway_url: str, control_url: str) -> None:
+    out.write(
+        f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})\n"
+        f"  gateway      {gateway_url}   (KServe v2: /v2/models/<name>/infer, "
+        "OpenAI: /v1/models, /v1/completions, /v1/chat/completions)\n"
+        f"  control API  {control_url}   (token in {settings.run_dir.token_file})\n"
+        f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}\n"
+        "  `modelswap status` shows the models; Ctrl-C stops everything.\n"
+    )
+    out.flush()
+
+
+def prepare_run_dir(settings: LocalSettings) -> str:
+    run = settings.run_dir
+    run.root.mkdir(parents=True, exist_ok=True)
+    for path in run.transient():
+        shutil.rmtree(path, ignore_errors=True)
+    run.repository.mkdir(parents=True)
+    return run.write_token()
+
+
+def clean_run_dir(settings: LocalSettings) -> None:
+    run = settings.run_dir
+    for path in run.transient():
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (run.token_file, run.supervisor_state):
+        path.unlink(missing_ok=True)
+
+
+def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
+    check_not_running(settings)
+    backend = choose_allocator_backend("auto")
+    if backend != "sim":
+        log.warning(
+            "a GPU is present (%s), but the agent runs only the sim backend for now", backend
+        )
+    token = prepare_run_dir(settings)
+    run = settings.run_dir
+    ports = pick_ports(metrics=False)
+    control_port = free_loopback_port()
+    gateway_port = settings.gateway_port or free_loopback_port()
+    triton_url = f"127.0.0.1:{ports.http}"
+    document = agent_document(
+        settings, triton_url=triton_url, control_port=control_port, gateway_port=gateway_port
+    )
+    run.agent_settings.write_text(yaml.safe_dump(document, sort_keys=False))
+    supervisor_settings = SupervisorSettings(
+        agent=AgentChild(
+            command=(
+                sys.executable,
+                "-m",
+                "modelswap_api.cli",
+                "sidecar",
+                "--config",
+                str(run.agent_settings),
+            )
+        ),
+        runtime=RuntimeSettings(
+            triton=TritonSettings(
+                binary=settings.triton_binary,
+                model_repository=run.repository,
+                exit_timeout_seconds=5,
+            ),
+            ports=ports,
+        ),
+        stop_grace_seconds=settings.stop_grace_seconds,
+        state_file=run.supervisor_state,
+    )
+    children = node_children(
+        supervisor_settings, environ=dict(os.environ), euid=os.geteuid(), users=SystemUsers()
+    )
+    supervisor = Supervisor(
+        children.specs,
+        policy=RestartPolicy(),
+        stop_grace_seconds=settings.stop_grace_seconds,
+        state_file=run.supervisor_state,
+        reap_orphans=False,
+    )
+    gateway_host = settings.gateway_host
+    if gateway_host in ("0.0.0.0", ""):
+        gateway_host = "127.0.0.1"
+    gateway_url = f"http://{gateway_host}:{gateway_port}"
+    control_url = f"http://127.0.0.1:{control_port}"
+    base: dict[str, Any] = {
+        "pid": os.getpid(),
+        "startedAt": time.time(),
+        "folder": str(settings.folder),
+        "runDir": str(run.root),
+        "nodeName": settings.node_name,
+        "gatewayUrl": gateway_url,
+        "controlUrl": control_url,
+        "tritonUrl": f"http://{triton_url}",
+        "tokenFile": str(run.token_file),
+        "shmPrefix": children.shm_prefix,
+    }
+
+    def on_change(applied: Applied) -> None:
+        write_json(run.state_file, _state_doc(settings, base, applied, running=True))
+
+    watcher = FolderWatcher(
+        settings.folder,
+        settings.defaults,
+        control_url=control_url,
+        token=token,
+        node_name=settings.node_name,
+        poll_seconds=settings.poll_seconds,
+        on_change=on_change,
+    )
+    write_json(run.state_file, _state_doc(settings, base, None, running=True))
+    _announce(out, settings, gateway_url, control_url)
+    watcher.start()
+    try:
+        code = supervisor.run(install_signal_handlers=True)
+    finally:
+        watcher.stop()
+        clean_run_dir(settings)
+        write_json(run.state_file, _state_doc(settings, base, watcher.applied, running=False))
+    log.info("modelswap up: stopped (status %d)", code)
+    return code
+
+
+def default_triton_binary(cwd: Path) -> Path:
+    """`.venv-triton/bin/tritonserver` of this checkout (or of `cwd`), else on PATH."""
+    here = Path(__file__).resolve().parents[3]
+    for root in (cwd, here):
+        candidate = root / ".venv-triton" / "bin" / "tritonserver"
+        if candidate.exists():
+            return candidate
+    found = shutil.which("tritonserver")
+    return Path(found) if found else cwd / ".venv-triton" / "bin" / "tritonserver"
