@@ -220,7 +220,19 @@ def test_released_chunks_leave_the_agent_and_inodes_are_never_reused(procs: Proc
     c = procs.client(agent, "m")
     load(c, agent, "m", [["w", 4 * MIB, "weights"]], 1)
     seen: set[int] = set()
-    for _ in range(3):
+    fds_before: tuple[int, ...] | None = None
+    for cycle in range(4):
+        # no fd leaks on either side: every cycle ends with the same open fds (sockets
+        # aside: the test's control connections come and go)
+        assert agent.ok(cmd="pool_full")["full"]
+        fds = tuple(
+            len([t for _, t, _ in open_files(pid) if not t.startswith("socket:")])
+            for pid in (agent.pid, c.pid)
+        )
+        if cycle == 1:  # after one full cycle (the weight copy's mapping is kept)
+            fds_before = fds
+        elif fds_before is not None:
+            assert fds == fds_before
         inodes = {ino for _, _, _, ino in memfd_mappings(c.pid)}
         assert inodes and not inodes & seen  # a fresh chunk on every swap-in
         seen |= inodes
