@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.support.kube_emulator.hosting import EmulatorThread
@@ -21,6 +22,7 @@ from tests.support.kube_testing import KUBECTL, REPO_ROOT, Kubectl, api_client, 
 INVALID = sorted((REPO_ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
 CLASSIFY = REPO_ROOT / "examples" / "classify-drop-on-idle.yaml"
+CLASSIFY_POLICY = yaml.safe_load(CLASSIFY.read_text())["spec"]["swapPolicy"]
 
 
 @pytest.fixture
@@ -106,12 +108,14 @@ def test_server_dry_run_changes_nothing(kubectl: Kubectl) -> None:
     assert "(server dry run)" in dry
     assert md_names(kubectl) == []
     kubectl.run("apply", "-f", str(CLASSIFY), check=True)
-    changed = CLASSIFY.read_text().replace("idleAfter: 15m", "idleAfter: 1h")
+    idle_after = CLASSIFY_POLICY["idleAfter"]
+    changed = CLASSIFY.read_text().replace(f"idleAfter: {idle_after}", "idleAfter: 1h")
+    assert changed != CLASSIFY.read_text()
     kubectl.run("apply", "--dry-run=server", "-f", "-", input_text=changed, check=True)
     got = kubectl.run(
         "get", "md", "classify", "-o", "jsonpath={.spec.swapPolicy.idleAfter}", check=True
     )
-    assert got.stdout == "15m"
+    assert got.stdout == idle_after
 
 
 def test_delete_waits_for_finalizers(api: EmulatorThread, kubectl: Kubectl) -> None:
@@ -212,10 +216,13 @@ def test_server_side_apply_removes_fields_the_manager_stopped_applying(
             "modelswap.io", "v1alpha1", "default", "modeldeployments", "classify",
             {"metadata": {"labels": {"team": "ml"}}},
         )  # fmt: skip
-    without_min_resident = CLASSIFY.read_text().replace("    minResident: 1m\n", "")
+    min_resident = CLASSIFY_POLICY["minResident"]
+    without_min_resident = CLASSIFY.read_text().replace(f"    minResident: {min_resident}\n", "")
+    assert without_min_resident != CLASSIFY.read_text()
     kubectl.run("apply", "--server-side", "-f", "-", input_text=without_min_resident, check=True)
     policy = kubectl.run("get", "md", "classify", "-o", "jsonpath={.spec.swapPolicy}", check=True)
-    assert "minResident" not in policy.stdout and '"idleAfter":"15m"' in policy.stdout
+    idle_after = CLASSIFY_POLICY["idleAfter"]
+    assert "minResident" not in policy.stdout and f'"idleAfter":"{idle_after}"' in policy.stdout
     label = kubectl.run(
         "get", "md", "classify", "-o", "jsonpath={.metadata.labels.team}", check=True
     )
