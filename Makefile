@@ -9,7 +9,7 @@ PYTEST := $(BIN)/python -m pytest
 PACKAGES := api/modelswap_api operator/modelswap_operator sidecar/modelswap_sidecar client/modelswap_client
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint format clean
+.PHONY: help setup test test-fast lint format clean demo
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | \
@@ -23,6 +23,9 @@ setup: $(STAMP) ## create .venv (and .venv-triton, kubectl, helm) with everythin
 $(STAMP): pyproject.toml tools/setup.sh tools/install_kube_tools.py tools/install_triton.py
 	bash tools/setup.sh "$(PYTHON)" "$(VENV)"
 	@touch $@
+
+demo: setup ## local mode with the example models: swaps, a cold burst, checked answers (< 3 min)
+	$(BIN)/python tools/demo.py
 
 test: setup ## run every test this machine can run, slow ones included
 	$(PYTEST) --durations=15 tests

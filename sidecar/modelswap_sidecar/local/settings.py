@@ -53,7 +53,12 @@ class LocalSettings:
 
 
 def agent_document(
-    settings: LocalSettings, *, triton_url: str, control_port: int, gateway_port: int
+    settings: LocalSettings,
+    *,
+    triton_url: str,
+    control_port: int,
+    gateway_port: int,
+    metrics_port: int,
 ) -> dict[str, Any]:
     """The agent's settings (see `agent/settings.py`) for local mode."""
     run = settings.run_dir
@@ -77,7 +82,7 @@ def agent_document(
             "tokenFile": str(run.token_file),
             "graceSeconds": settings.unload_grace_seconds,
         },
-        "metrics": {"host": "127.0.0.1", "port": 0},
+        "metrics": {"host": "127.0.0.1", "port": metrics_port},
         "gateway": {"host": settings.gateway_host, "port": gateway_port},
         "triton": {
             "url": triton_url,

@@ -111,8 +111,13 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
     control_port = free_loopback_port()
     gateway_port = settings.gateway_port or free_loopback_port()
     triton_url = f"127.0.0.1:{ports.http}"
+    metrics_port = free_loopback_port()
     document = agent_document(
-        settings, triton_url=triton_url, control_port=control_port, gateway_port=gateway_port
+        settings,
+        triton_url=triton_url,
+        control_port=control_port,
+        gateway_port=gateway_port,
+        metrics_port=metrics_port,
     )
     run.agent_settings.write_text(yaml.safe_dump(document, sort_keys=False))
     supervisor_settings = SupervisorSettings(
@@ -160,6 +165,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         "nodeName": settings.node_name,
         "gatewayUrl": gateway_url,
         "controlUrl": control_url,
+        "metricsUrl": f"http://127.0.0.1:{metrics_port}/metrics",
         "tritonUrl": f"http://{triton_url}",
         "tokenFile": str(run.token_file),
         "shmPrefix": children.shm_prefix,

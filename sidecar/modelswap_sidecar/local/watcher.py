@@ -109,6 +109,7 @@ class FolderWatcher:
     def read(self) -> None:
         """Read the folder again; report problems that are new."""
         models, problems = read_folder(self.folder, self.defaults)
+        models = self._keep_last_valid(models, problems)
         before = {str(p) for p in self.applied.problems}
         for problem in problems:
             if str(problem) not in before:
@@ -122,6 +123,23 @@ class FolderWatcher:
                 log.info("%s/%s is gone from the folder: unloading", model.namespace, model.name)
         self.applied.models, self.applied.problems = models, problems
         self._pending = True
+
+    def _keep_last_valid(
+        self, models: list[LocalModel], problems: list[Problem]
+    ) -> list[LocalModel]:
+        """A served model whose file became invalid keeps its last valid spec, as the API
+        server refuses a bad edit and keeps the object; a file removed removes it."""
+        uids = {m.uid for m in models}
+        refused = {p.file for p in problems}
+        kept = [m for m in self.applied.models if m.uid not in uids and m.file in refused]
+        for model in kept:
+            log.warning(
+                "%s/%s keeps its last valid spec until %s is fixed",
+                model.namespace,
+                model.name,
+                model.file.name,
+            )
+        return [*models, *kept]
 
     def poll(self, client: httpx.Client) -> None:
         signature = folder_signature(self.folder)
