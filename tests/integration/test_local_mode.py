@@ -1,0 +1,280 @@
+"""`modelswap up` / `modelswap status` as a user runs them: real Triton, the agent on a sim
+GPU, the gateway on localhost, models from a folder of YAML files.
+
+Each test runs `modelswap up` in its own process group with its own run directory and
+stops it with SIGINT (what Ctrl-C sends); nothing may be left running afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+import pytest
+
+from examples.models.reference import mlp_checksum, mlp_forward, mlp_input
+from tests.support.triton_server import tritonserver_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "examples" / "models"
+MIB = 1 << 20
+T = TypeVar("T")
+
+CLASSIFY = """\
+apiVersion: modelswap.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: classify
+spec:
+  model:
+    source: {uri: /models/mlp}
+    weightsBytes: 32Mi
+  swapPolicy:
+    idleAfter: never
+    minResident: 1s
+    onSwapOut: host
+"""
+
+BAD = """\
+apiVersion: modelswap.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: broken
+spec:
+  model:
+    source: {uri: /models/mlp}
+    weightsBytes: 32Mi
+  swapPolicy:
+    idleAfter: five minutes
+"""
+
+
+def wait_for(probe: Callable[[], T], *, timeout_seconds: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class LocalMode:
+    process: subprocess.Popen[bytes]
+    folder: Path
+    run_dir: Path
+    log_path: Path
+    state: dict[str, Any]
+
+    @property
+    def token(self) -> str:
+        return Path(self.state["tokenFile"]).read_text().strip()
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        r = httpx.get(
+            f"{self.state['controlUrl']}/v1/models",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+            trust_env=False,
+        )
+        r.raise_for_status()
+        return {m["name"]: m for m in r.json()["models"]}
+
+    def phase(self, name: str) -> str | None:
+        model = self.models().get(name)
+        return None if model is None else str(model["phase"])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "modelswap_api.cli", "status", "--run-dir", str(self.run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def infer_mlp(self, seed: int) -> None:
+        x = mlp_input(seed)
+        body = {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "data": x.ravel().tolist(),
+                }
+            ]
+        }
+        r = httpx.post(
+            f"{self.state['gatewayUrl']}/v2/models/classify/infer",
+            json=body,
+            timeout=60,
+            trust_env=False,
+        )
+        assert r.status_code == 200, r.text
+        outputs = {o["name"]: o for o in r.json()["outputs"]}
+        got = np.array(outputs["OUTPUT0"]["data"]).reshape(x.shape[0], -1)
+        assert np.allclose(got, mlp_forward(x), rtol=1e-4, atol=1e-4)
+        assert int(outputs["CHECKSUM"]["data"][0]) == mlp_checksum(32 * MIB)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError("modelswap up did not stop within 60 s of SIGINT") from None
+
+
+def leftovers(run_dir: Path, shm_prefix: str | None, pgid: int) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            group = os.getpgid(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+        if str(run_dir).encode() in cmdline or group == pgid:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    if shm_prefix:
+        found += [str(p) for p in Path("/dev/shm").glob(f"{shm_prefix}*")]
+    return found
+
+
+@contextlib.contextmanager
+def local_mode(tmp_path: Path, files: dict[str, str]) -> Iterator[LocalMode]:
+    tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
+    folder = tmp_path / "deployments"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    run_dir = tmp_path / "run"
+    log_path = tmp_path / "up.log"
+    command = [
+        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
+        "--model-root", str(MODELS), "--run-dir", str(run_dir), "--port", "0",
+        "--sim-gpu-bytes", "128Mi",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+        )
+
+    def pushed() -> dict[str, Any] | None:
+        assert process.poll() is None, log_path.read_text(errors="replace")
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((run_dir / "local.json").read_text())
+            if state.get("running") and state.get("pushes", 0) >= 1:
+                return dict(state)
+        return None
+
+    running = None
+    try:
+        state = wait_for(pushed, timeout_seconds=60, what="modelswap up to push its models")
+        running = LocalMode(process, folder, run_dir, log_path, state)
+        yield running
+    finally:
+        shm_prefix = running.state.get("shmPrefix") if running else None
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        left = leftovers(run_dir, shm_prefix, process.pid)
+        assert not left, f"left running: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_an_invalid_file_is_reported_by_field_and_skipped_while_the_rest_run_and_status_prints_the_columns(
+    tmp_path: Path,
+) -> None:
+    with local_mode(tmp_path, {"classify.yaml": CLASSIFY, "broken.yaml": BAD}) as local:
+        wait_for(
+            lambda: local.phase("classify") == "Resident",
+            timeout_seconds=90,
+            what="classify to load",
+        )
+        local.infer_mlp(1)  # the valid file serves
+        assert "broken" not in local.models()
+        log = local.log()
+        assert "skipped" in log and "broken.yaml" in log
+        assert "spec.swapPolicy.idleAfter" in log
+        state = json.loads((local.run_dir / "local.json").read_text())
+        assert any("spec.swapPolicy.idleAfter" in p for p in state["problems"])
+
+        status = local.status()
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0].split() == [
+            "NAME",
+            "MODEL",
+            "NODE",
+            "PHASE",
+            "RESIDENT",
+            "LAST-REQUEST",
+            "AGE",
+        ]
+        row = next(line.split() for line in lines[1:] if line.startswith("classify"))
+        assert row[:5] == ["classify", "classify", "local", "Resident", "32Mi"]
+        assert row[5] != "<none>"  # the request above
+        assert any("skipped:" in line and "broken.yaml" in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_yaml_edit_changes_the_policy_live_and_sigint_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    with local_mode(tmp_path, {"classify.yaml": CLASSIFY}) as local:
+        wait_for(
+            lambda: local.phase("classify") == "Resident",
+            timeout_seconds=90,
+            what="classify to load",
+        )
+        local.infer_mlp(2)
+        assert local.models()["classify"]["generation"] == 1
+        # idleAfter: never -> 1s: the running agent swaps the model out once idle.
+        file = local.folder / "classify.yaml"
+        file.write_text(CLASSIFY.replace("idleAfter: never", "idleAfter: 1s"))
+        wait_for(
+            lambda: local.models()["classify"]["generation"] == 2,
+            timeout_seconds=30,
+            what="the edit to reach the agent",
+        )
+        wait_for(
+            lambda: local.phase("classify") == "SwappedOut",
+            timeout_seconds=30,
+            what="the idle swap-out the edited policy asks for",
+        )
+        local.infer_mlp(3)  # and a request brings it back
+        assert local.models()["classify"]["swapIns"] >= 1
+
+        shm_prefix = local.state["shmPrefix"]
+        assert local.stop() == 0
+        assert leftovers(local.run_dir, shm_prefix, local.process.pid) == []
+        status = local.status()
+        assert status.returncode == 1
+        assert "not running" in status.stderr

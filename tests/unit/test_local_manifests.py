@@ -1,0 +1,69 @@
+"""Local mode's pure parts: reading a folder, UIDs, generations, the status table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelswap_api.defaults import BUILTIN_DEFAULTS
+from modelswap_sidecar.local.desired import Generations, desired_set
+from modelswap_sidecar.local.manifests import local_uid, read_folder
+from modelswap_sidecar.local.status import COLUMNS, rows, short_age, table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_examples_read_without_problems_and_uids_are_stable() -> None:
+    models, problems = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    assert problems == []
+    assert sorted(m.name for m in models) == ["chat-pinned", "classify", "summarize"]
+    chat = next(m for m in models if m.name == "chat-pinned")
+    assert chat.uid == local_uid("default", "chat-pinned")
+    assert chat.policy.pinned
+    again, _ = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    assert {m.uid for m in again} == {m.uid for m in models}
+
+
+def test_a_bad_file_names_its_field_and_the_rest_are_kept(tmp_path: Path) -> None:
+    good = (ROOT / "examples" / "classify-drop-on-idle.yaml").read_text()
+    (tmp_path / "good.yaml").write_text(good)
+    (tmp_path / "late.yaml").write_text(good.replace("idleAfter: 30s", "idleAfter: 5s"))
+    (tmp_path / "bad.yml").write_text(
+        good.replace("name: classify\n  namespace", "name: x\n  namespace").replace(
+            "weightsBytes: 32Mi", "weightsBytes: -3"
+        )
+    )
+    (tmp_path / "notes.txt").write_text("not yaml")
+    models, problems = read_folder(tmp_path, BUILTIN_DEFAULTS)
+    assert [m.file.name for m in models] == ["good.yaml"]
+    text = "\n".join(str(p) for p in problems)
+    assert "bad.yml" in text and "spec.model.weightsBytes" in text
+    # after the merge: minResident 10s > idleAfter 5s, and a second classify
+    assert "late.yaml" in text and "spec.swapPolicy" in text
+
+
+def test_generations_grow_only_when_the_spec_changes() -> None:
+    models, _ = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    generations = Generations()
+    first = desired_set(models, generations, counter=1, node_name="local")
+    second = desired_set(models, generations, counter=2, node_name="local")
+    assert first.revision.term == second.revision.term == 1
+    assert [e.generation for e in second.entries] == [1, 1, 1]
+    assert second.revision > first.revision
+
+
+def test_status_rows_and_ages() -> None:
+    assert [short_age(s) for s in (5, 130, 3700, 90000)] == ["5s", "2m10s", "1h1m", "1d1h"]
+    models = [
+        {
+            "uid": "u1",
+            "namespace": "default",
+            "name": "chat-pinned",
+            "phase": "Resident",
+            "residentBytes": 96 << 20,
+            "lastRequestTime": "2026-01-01T00:00:00.000Z",
+        }
+    ]
+    local = [{"uid": "u1", "model": "chat", "appliedAt": 1767225540.0}]
+    body = rows(models, local, node_name="local", now_seconds=1767225610.0)
+    assert body == [("chat-pinned", "chat", "local", "Resident", "96Mi", "10s", "70s")]
+    assert table(body).splitlines()[0].split() == list(COLUMNS)
