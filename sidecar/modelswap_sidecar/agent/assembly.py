@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.backend import AgentBackend
+from modelswap_sidecar.agent.cluster_heartbeat import node_heartbeat
 from modelswap_sidecar.agent.desired_file import load_entries
 from modelswap_sidecar.agent.gateway_directory import AgentDirectory
 from modelswap_sidecar.agent.loading import ModelLoader
@@ -332,7 +333,14 @@ async def run_agent(settings: AgentSettings) -> int:
             _port_of(control),
             len(settings.gpus),
         )
-        await stop.wait()
+        async with node_heartbeat(  # cluster mode only: SwapNode + node Lease
+            settings,
+            agent.actuator,
+            agent.service,
+            control_port=_port_of(control),
+            gateway_port=_port_of(gateway_runner) if gateway_runner else None,
+        ):
+            await stop.wait()
         log.info("stopping the agent")
         for task in tasks:
             task.cancel()

@@ -5,7 +5,8 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
     localMode: false                # true: no fencing (no operator, no Lease)
     allocator: sim
     gpus:                           # sim backend: one entry per simulated GPU
-      - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0}
+      - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0,
+         linkGBps: null}            # reported link speed; null: measured at start
     poolChunkBytes: 32Mi
     overheadBytesPerProcess: 0
     hostStore: {dir: /var/lib/modelswap/store, capacityBytes: 4Gi}     # per GPU
@@ -23,6 +24,17 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
              retryFailedSeconds: 60}
     defaults: {swapPolicy: {...}, kvCache: {...}, gateway: {...}}     # cluster defaults
+    kube:                           # cluster mode: SwapNode + node Lease (omit: none)
+      kubeconfig: null              # a path, or inCluster: true (the service account)
+      inCluster: false
+      leaseNamespace: modelswap-node-leases
+      holderIdentity: null          # the Lease's holder (e.g. the pod name); default nodeName
+      advertiseHost: null           # the address in the SwapNode's endpoints (the pod IP)
+      leaseDurationSeconds: 20
+      renewIntervalSeconds: 5
+      statusIntervalSeconds: 10
+      minStatusWriteIntervalSeconds: 1
+      nodeRefreshSeconds: 60
     logLevel: info
     jsonLogs: true
 """
@@ -40,6 +52,7 @@ import yaml
 from modelswap_api.defaults import BUILTIN_DEFAULTS, check_defaults
 from modelswap_api.quantities import parse_bytes
 from modelswap_sidecar.agent.errors import SettingsError
+from modelswap_sidecar.heartbeat.settings import DEFAULT_LEASE_NAMESPACE, HeartbeatSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +60,20 @@ class SimGpu:
     uuid: str
     capacity_bytes: int
     reserve_bytes: int = 0
+    #: The host link speed reported in the SwapNode; None: measured once at start.
+    link_gbps: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubeAccess:
+    """Cluster mode: how the agent reaches the API server for its SwapNode and Lease."""
+
+    #: None: the in-cluster service account.
+    kubeconfig: Path | None = None
+    #: The host the SwapNode's endpoints name (the pod IP); None: the control host when it
+    #: is a specific address, else this host's name.
+    advertise_host: str | None = None
+    heartbeat: HeartbeatSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +134,8 @@ class AgentSettings:
     log_level: str = "info"
     json_logs: bool = True
     agent_version: str = "0.1.0"
+    #: None: no heartbeat (local mode, tests without a cluster).
+    kube: KubeAccess | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -168,6 +197,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
             uuid=str(_get(g, "uuid", f"sim-gpu-{i}")),
             capacity_bytes=_bytes(g, "capacityBytes", None, f"gpus[{i}]."),
             reserve_bytes=_bytes(g, "reserveBytes", 0, f"gpus[{i}]."),
+            link_gbps=_positive(g, "linkGBps", f"gpus[{i}]."),
         )
         for i, g in enumerate(raw_gpus)
     )
@@ -188,9 +218,10 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         raise SettingsError(f"defaults: {e}") from e
     except Exception as e:  # PolicyError is not a ValueError
         raise SettingsError(f"defaults: {e}") from e
+    local_mode = bool(_get(doc, "localMode", False))
     return AgentSettings(
         node_name=str(node_name),
-        local_mode=bool(_get(doc, "localMode", False)),
+        local_mode=local_mode,
         allocator=allocator,
         gpus=gpus,
         pool_chunk_bytes=_bytes(doc, "poolChunkBytes", 32 << 20, ""),
@@ -232,6 +263,67 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         defaults=defaults,
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
+        kube=_kube(doc.get("kube"), str(node_name), local_mode=local_mode),
+    )
+
+
+def _positive(doc: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"{where}{key}: not a number: {value!r}") from e
+    if number <= 0:
+        raise SettingsError(f"{where}{key}: must be positive")
+    return number
+
+
+_HEARTBEAT_KEYS = {
+    "lease_duration_seconds": "leaseDurationSeconds",
+    "renew_interval_seconds": "renewIntervalSeconds",
+    "min_status_write_interval_seconds": "minStatusWriteIntervalSeconds",
+    "status_interval_seconds": "statusIntervalSeconds",
+    "node_refresh_seconds": "nodeRefreshSeconds",
+}
+
+
+def _kube(doc: Any, node_name: str, *, local_mode: bool) -> KubeAccess | None:
+    """The `kube` section: None when absent; refused in local mode (no cluster there)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        raise SettingsError("kube: expected a mapping")
+    if local_mode:
+        raise SettingsError("kube: local mode has no cluster (no SwapNode, no Lease)")
+    kubeconfig = _path(doc, "kubeconfig", "kube.", required=False)
+    in_cluster = bool(_get(doc, "inCluster", False))
+    if (kubeconfig is None) == (not in_cluster):
+        raise SettingsError("kube: set exactly one of kubeconfig and inCluster: true")
+    try:
+        heartbeat = HeartbeatSettings(
+            node_name=node_name,
+            lease_namespace=str(_get(doc, "leaseNamespace", DEFAULT_LEASE_NAMESPACE)),
+            holder_identity=_get(doc, "holderIdentity"),
+            lease_duration_seconds=int(_get(doc, "leaseDurationSeconds", 20)),
+            renew_interval_seconds=float(_get(doc, "renewIntervalSeconds", 5.0)),
+            status_interval_seconds=float(_get(doc, "statusIntervalSeconds", 10.0)),
+            min_status_write_interval_seconds=float(
+                _get(doc, "minStatusWriteIntervalSeconds", 1.0)
+            ),
+            node_refresh_seconds=float(_get(doc, "nodeRefreshSeconds", 60.0)),
+        )
+    except (TypeError, ValueError) as e:
+        message = str(e)
+        for snake, camel in _HEARTBEAT_KEYS.items():
+            message = message.replace(snake, camel)
+        raise SettingsError(f"kube.{message}") from e
+    advertise = _get(doc, "advertiseHost")
+    return KubeAccess(
+        kubeconfig=kubeconfig,
+        advertise_host=str(advertise) if advertise else None,
+        heartbeat=heartbeat,
     )
 
 
