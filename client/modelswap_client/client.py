@@ -48,6 +48,7 @@ from modelswap_api.wire import (
     reply_to,
 )
 from modelswap_client import _libc
+from modelswap_client.cuda_views import DTYPES, CudaView
 from modelswap_client.kvpool import TieredKvPool
 from modelswap_client.mappers.base import (
     GRANULARITY_BYTES,
@@ -92,20 +93,6 @@ class RegionSpec:
     kind: RegionKind | str = RegionKind.WEIGHTS
 
 
-class _DeviceBytes:
-    """`__cuda_array_interface__` (v3) over raw device bytes, for torch/cupy to wrap."""
-
-    def __init__(self, address: int, size_bytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (size_bytes,),
-            "typestr": "|u1",
-            "data": (address, False),
-            "version": 3,
-            "strides": None,
-            "stream": None,  # no synchronization implied: the caller orders its own work
-        }
-
-
 @dataclass(slots=True)
 class Region:
     """A region at a stable address. Views are valid while the model is resident (inside
@@ -122,6 +109,7 @@ class Region:
     on_device: bool = False
     #: the CPU may touch it (sim; managed memory is unified); cuda-vmm memory it may not
     host_accessible: bool = True
+    device_ordinal: int = 0  # the GPU of on-device memory
 
     def view(self) -> memoryview:
         """A writable byte view of the region (memory the CPU may touch: sim, managed)."""
@@ -138,29 +126,38 @@ class Region:
 
         return np.frombuffer(self.view(), dtype=dtype)
 
-    def torch(self, dtype: str = "uint8") -> Any:
-        """A torch tensor over the region, no copy: on the CUDA device for GPU memory (via
-        `__cuda_array_interface__`), on the CPU for the sim backend (`torch.frombuffer`).
-        torch is imported only here; it is not a dependency."""
-        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-        want = getattr(torch, dtype)
-        if self.on_device:
-            raw = torch.as_tensor(_DeviceBytes(self.address, self.size_bytes), device="cuda")
-        else:
-            raw = torch.frombuffer(self.view(), dtype=torch.uint8)
-        return raw.view(want)
-
-    def cupy(self, dtype: str = "uint8") -> Any:
-        """A cupy array over the region's GPU memory, no copy (cupy imported only here)."""
+    def cuda_view(self, dtype: str = "uint8") -> CudaView:
+        """The region's GPU memory as `__cuda_array_interface__` and DLPack (no import)."""
         if not self.on_device:
             raise ClientError(
                 f"region {self.tag} is host memory (sim): use numpy() or torch()",
                 ErrorCode.BAD_REQUEST,
             )
+        itemsize = DTYPES[dtype][2] // 8 if dtype in DTYPES else 1
+        return CudaView(
+            self.address,
+            self.size_bytes - self.size_bytes % itemsize,
+            device=self.device_ordinal,
+            dtype=dtype,
+            managed=self.host_accessible,
+        )
+
+    def torch(self, dtype: str = "uint8") -> Any:
+        """A torch tensor over the region, no copy: on its CUDA device for GPU memory
+        (DLPack, `cuda_view`), on the CPU for the sim backend (`torch.frombuffer`). torch
+        is imported only here; it is not a dependency."""
+        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+        if self.on_device:
+            return torch.from_dlpack(self.cuda_view(dtype))
+        return torch.frombuffer(self.view(), dtype=torch.uint8).view(getattr(torch, dtype))
+
+    def cupy(self, dtype: str = "uint8") -> Any:
+        """A cupy array over the region's GPU memory, no copy (cupy imported only here)."""
+        view = self.cuda_view(dtype)
         import cupy  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
-        return cupy.asarray(_DeviceBytes(self.address, self.size_bytes)).view(dtype)
+        return cupy.asarray(view)
 
 
 def _round_up(n: int) -> int:
@@ -780,6 +777,7 @@ def attach(
                 reservation.address,
                 on_device=backend.name != "sim",
                 host_accessible=backend.name in ("sim", "managed"),
+                device_ordinal=int(getattr(backend, "ordinal", 0)),
             )
         try:
             att._peer = att._connect()

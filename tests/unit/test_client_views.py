@@ -8,7 +8,7 @@ import ctypes
 import pytest
 
 from modelswap_api.wire import RegionKind
-from modelswap_client.client import ClientError, Region, _DeviceBytes
+from modelswap_client.client import ClientError, Region
 
 
 def host_region(buf: ctypes.Array[ctypes.c_char]) -> Region:
@@ -42,7 +42,11 @@ def test_views_refuse_the_wrong_kind_of_memory() -> None:
         device.view()  # cuda-vmm memory: the CPU must not touch it
 
 
-def test_device_bytes_describe_the_range_for_cuda_array_consumers() -> None:
-    cai = _DeviceBytes(0x7F0000000000, 4096).__cuda_array_interface__
+def test_gpu_region_views_describe_the_region_for_cuda_array_consumers() -> None:
+    device = Region("w", RegionKind.WEIGHTS, 4096, 4096, 0x7F0000000000, on_device=True)
+    device.host_accessible = False  # cuda-vmm memory
+    device.device_ordinal = 1
+    cai = device.cuda_view("float32").__cuda_array_interface__
     assert cai["data"] == (0x7F0000000000, False)
-    assert cai["shape"] == (4096,) and cai["typestr"] == "|u1" and cai["version"] == 3
+    assert cai["shape"] == (1024,) and cai["typestr"] == "<f4"
+    assert device.cuda_view().__dlpack_device__() == (2, 1)  # kDLCUDA, GPU 1
