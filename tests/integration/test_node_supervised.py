@@ -1,0 +1,128 @@
+"""The whole node under its real supervisor: `modelswap node` running the real agent
+(`modelswap sidecar`) and the real `tritonserver`, the example models answering as
+`examples/models/reference.py` says through every fault:
+
+- kill -9 of the agent alone: the supervisor restarts it, the same stub processes readopt
+  their memory, the models answer throughout and the new agent can swap them again;
+- kill -9 of Triton: restarted, every model back from the host store, same answers;
+- SIGTERM to the supervisor: exit 0, nothing left running (no stubs, no shm regions).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from examples.models import reference
+from modelswap_sidecar.supervisor.processes import group_members
+from modelswap_sidecar.triton.process import shm_regions
+from tests.support.agent_harness import MIB, Models, entry, new_uid, sim_hbm_mapped_bytes
+from tests.support.node_supervised import SupervisedNode
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
+
+PROMPT = [5, 9, 2]
+TOKENS = 12
+
+
+@pytest_asyncio.fixture
+async def node() -> AsyncIterator[SupervisedNode]:
+    # A short folder: the agent's Unix socket path must stay under 108 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="ms-node-"))
+    under_test = SupervisedNode(folder)
+    try:
+        yield under_test
+    except BaseException:
+        print(under_test.tail())
+        raise
+    finally:
+        await under_test.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (one its new parent has yet to reap is not running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+async def answers_as_the_reference_says(models: Models, mlp: str, lm: str) -> tuple[bool, bool]:
+    """Both models answer exactly as the reference computes; whether each was restored."""
+    x = reference.mlp_input(17)
+    answer = await models.mlp(mlp, x)
+    assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
+    assert answer.checksum == reference.mlp_checksum(32 * MIB)
+    stream = await models.tinylm(lm, PROMPT, TOKENS)
+    expected = reference.tinylm_generate(PROMPT, TOKENS, offload_after_tokens=32)
+    assert [(e["TOKEN"], e["INDEX"]) for e in stream] == [(t.token, t.index) for t in expected]
+    assert stream[-1]["CHECKSUM"] == reference.tinylm_checksum(64 * MIB)
+    return answer.restored, bool(stream[-1]["RESTORED"])
+
+
+@pytest.mark.timeout(240)
+async def test_node_survives_agent_and_triton_kills_and_stops_clean(node: SupervisedNode) -> None:
+    await node.start()
+    control, models = node.control, node.models
+    mlp, lm = new_uid(), new_uid()
+    never = {"idleAfter": "never"}
+    desired = [entry(mlp, swap_policy=never), entry(lm, model="tinylm", swap_policy=never)]
+    results = await control.desired(desired)
+    assert {r["outcome"] for r in results.values()} == {"applied"}, results
+    await control.wait_state(mlp, "Resident")
+    await control.wait_state(lm, "Resident")
+    assert await answers_as_the_reference_says(models, mlp, lm) == (False, False)
+    stubs = {uid: node.stub_pids(uid) for uid in (mlp, lm)}
+    assert all(stubs.values())
+    triton = node.child("runtime")["pid"]
+
+    # kill -9 of the agent alone: the supervisor restarts it; Triton never stops.
+    agent = node.child("agent")["pid"]
+    os.killpg(agent, signal.SIGKILL)
+    assert await answers_as_the_reference_says(models, mlp, lm) == (False, False)
+    await node.agent_serving(not_pid=agent)
+    assert node.child("agent")["restarts"] == 1
+    await control.wait_state(mlp, "Resident", timeout_seconds=30)
+    await control.wait_state(lm, "Resident", timeout_seconds=30)
+    assert node.child("runtime")["pid"] == triton and node.child("runtime")["restarts"] == 0
+    assert {uid: node.stub_pids(uid) for uid in (mlp, lm)} == stubs  # readopted, not reloaded
+    assert await answers_as_the_reference_says(models, mlp, lm) == (False, False)
+    # The new agent holds the memory again: it can swap a model out (HBM unmapped in the
+    # stub) and back in.
+    out = await control.swap(mlp, "out")
+    assert out.json()["outcome"] == "completed", out.text
+    assert sim_hbm_mapped_bytes(stubs[mlp][0]) == 0
+    back = await control.swap(mlp, "in")
+    assert back.json()["outcome"] == "completed", back.text
+    assert sim_hbm_mapped_bytes(stubs[mlp][0]) == 32 * MIB
+
+    # kill -9 of Triton: restarted, every model reloaded from the host store.
+    os.kill(triton, signal.SIGKILL)
+    new_triton = await node.child_pid("runtime", not_pid=triton)
+    await node.triton_ready()
+    assert group_members(triton) == [], "the dead Triton's stubs were left running"
+    assert node.child("agent")["restarts"] == 1  # the agent rode it out
+    await control.wait_state(mlp, "Resident", timeout_seconds=60)
+    await control.wait_state(lm, "Resident", timeout_seconds=60)
+    assert await answers_as_the_reference_says(models, mlp, lm) == (True, True)
+    new_stubs = [pid for uid in (mlp, lm) for pid in node.stub_pids(uid)]
+    assert new_stubs and not set(new_stubs) & {pid for pids in stubs.values() for pid in pids}
+
+    # SIGTERM to the supervisor: everything stops, nothing is left.
+    agent = node.child("agent")["pid"]
+    assert node.stop() == 0
+    for pgid in (agent, new_triton):
+        assert group_members(pgid) == [], f"group {pgid} left running"
+    for pid in new_stubs:
+        assert not running(pid), f"stub {pid} left running"
+    assert shm_regions(node.shm_prefix) == []
