@@ -206,6 +206,39 @@ async def tinylm_request(  # noqa: PLR0917 - one call shape, read at each use
     return bool(events and events[-1].get("RESTORED"))
 
 
+async def openai_completion(  # noqa: PLR0917 - one call shape, read at each use
+    demo: Demo, client: httpx.AsyncClient, step: Step, model: str, prompt: str, n: int
+) -> None:
+    """`/v1/completions` twice, aggregated and streamed; both must spell the reference."""
+    from examples.models.reference import tinylm_complete  # noqa: PLC0415
+
+    expected = tinylm_complete(prompt, n)
+    url = f"{demo.gateway}/v1/completions"
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": n}
+    started = time.monotonic()
+    r = await client.post(url, json=body)
+    step.latencies_seconds.append(time.monotonic() - started)
+    step.codes[r.status_code] = step.codes.get(r.status_code, 0) + 1
+    text = r.json()["choices"][0]["text"] if r.status_code == 200 else r.text[:200]
+    if text == expected:
+        step.ok += 1
+    else:
+        step.wrong.append(f"{model} completion {text!r} != reference {expected!r}")
+    chunks: list[str] = []
+    started = time.monotonic()
+    async with client.stream("POST", url, json={**body, "stream": True}) as streamed:
+        status = streamed.status_code
+        async for line in streamed.aiter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0]["text"])
+    step.latencies_seconds.append(time.monotonic() - started)
+    step.codes[status] = step.codes.get(status, 0) + 1
+    if "".join(chunks) == expected and len([c for c in chunks if c]) == n:
+        step.ok += 1
+    else:
+        step.wrong.append(f"{model} streamed {chunks!r} != reference {expected!r} token by token")
+
+
 # -- the scenario ---------------------------------------------------------------------------
 
 
@@ -289,6 +322,10 @@ async def _steps(demo: Demo, client: httpx.AsyncClient) -> None:
     final = await models(demo, client)
     if final["chat-pinned"]["swapOuts"] != 0:
         again.wrong.append("the pinned chat model was swapped out")
+
+    completion = Step("OpenAI: chat completion, streamed and not")
+    demo.steps.append(completion)
+    await openai_completion(demo, client, completion, "chat", "hello modelswap", 8)
 
     listing = Step("OpenAI: GET /v1/models")
     demo.steps.append(listing)

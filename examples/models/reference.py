@@ -135,5 +135,22 @@ def tinylm_generate(
     return out
 
 
+#: How tinylm spells its tokens as text (the OpenAI routes): token i is ALPHABET[i].
+TINYLM_ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789."
+TINYLM_DEFAULT_MAX_TOKENS = 16
+assert len(TINYLM_ALPHABET) == TINYLM_VOCAB
+
+
+def tinylm_encode(text: str) -> list[int]:
+    """Token ids of a text prompt: each UTF-8 byte modulo the vocabulary."""
+    return [b % TINYLM_VOCAB for b in text.encode()] or [0]
+
+
+def tinylm_complete(text: str, max_tokens: int = TINYLM_DEFAULT_MAX_TOKENS) -> str:
+    """The text tinylm completes `text` with (what /v1/completions returns)."""
+    tokens = tinylm_generate(tinylm_encode(text), max_tokens)
+    return "".join(TINYLM_ALPHABET[t.token] for t in tokens)
+
+
 def tinylm_checksum(weights_bytes: int, model_dir: Path = TINYLM_DIR) -> int:
     return region_checksum(model_dir / "1" / "weights.i32", weights_bytes)

@@ -33,6 +33,10 @@ from modelswap_client.kvpool import Tier
 
 MODULUS = 1009
 SCORE_MODULUS = 17
+# Text mode (the gateway's OpenAI routes): prompt bytes modulo the vocabulary in, one
+# character of this alphabet per token out. Mirrors examples/models/reference.py.
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789."
+DEFAULT_MAX_TOKENS = 16
 
 
 def _param(config, key, default=None):
@@ -142,13 +146,27 @@ class TritonPythonModel:
         h = acc % MODULUS + x
         return int(np.argmax(h @ wo)), tier
 
+    def _prompt(self, request):
+        """(token ids, max tokens, text mode) from PROMPT/MAX_TOKENS or text_input."""
+        text = pb_utils.get_input_tensor_by_name(request, "text_input")
+        if text is None:
+            prompt = _int_input(request, "PROMPT")
+            max_tokens = _int_input(request, "MAX_TOKENS")
+            if prompt is None or max_tokens is None:
+                raise ValueError("give PROMPT and MAX_TOKENS, or text_input")
+            return prompt, int(max_tokens[0]), False
+        raw = text.as_numpy().reshape(-1)[0]
+        data = raw if isinstance(raw, bytes) else str(raw).encode()
+        prompt = np.array([b % self.vocab for b in data] or [0], dtype=np.int64)
+        parameters = json.loads(request.parameters() or "{}")
+        return prompt, int(parameters.get("max_tokens", DEFAULT_MAX_TOKENS)), True
+
     def _generate(self, request, sender):
-        prompt = _int_input(request, "PROMPT")
-        max_tokens = int(_int_input(request, "MAX_TOKENS")[0])
         delay = _int_input(request, "DELAY_MS")
         delay_seconds = float(delay[0]) / 1000.0 if delay is not None else 0.0
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
+            prompt, max_tokens, text_mode = self._prompt(request)
             if len(prompt) == 0 or max_tokens < 1 or prompt.min() < 0 or prompt.max() >= self.vocab:
                 raise ValueError(f"PROMPT needs token ids in [0, {self.vocab}), MAX_TOKENS >= 1")
             with self.att.in_use(), self._sequence() as seq_id:
@@ -165,7 +183,10 @@ class TritonPythonModel:
                         time.sleep(delay_seconds)
                     last = index == max_tokens - 1
                     checksum = zlib.crc32(self.att.regions["weights"].view()) if last else -1
-                    response = self._response(token, index, tier, checksum)
+                    if text_mode:
+                        response = self._text_response(token)
+                    else:
+                        response = self._response(token, index, tier, checksum)
                     sender.send(response, flags=final if last else 0)
                     if not last:
                         position += 1
@@ -188,6 +209,10 @@ class TritonPythonModel:
                 one("RESTORED", self.restored, bool),
             ]
         )
+
+    def _text_response(self, token):
+        text = np.array([ALPHABET[token].encode()], dtype=np.object_)
+        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)])
 
     def _sequence(self):
         model = self
