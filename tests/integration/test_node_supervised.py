@@ -94,6 +94,9 @@ async def test_node_survives_agent_and_triton_kills_and_stops_clean(node: Superv
     assert node.child("agent")["restarts"] == 1
     await control.wait_state(mlp, "Resident", timeout_seconds=30)
     await control.wait_state(lm, "Resident", timeout_seconds=30)
+    # Still desired before the operator's next push (the agent's desired file says so).
+    held = await control.models()
+    assert held[mlp]["desired"] and held[lm]["desired"]
     assert node.child("runtime")["pid"] == triton and node.child("runtime")["restarts"] == 0
     assert {uid: node.stub_pids(uid) for uid in (mlp, lm)} == stubs  # readopted, not reloaded
     assert await answers_as_the_reference_says(models, mlp, lm) == (False, False)

@@ -8,6 +8,9 @@
   missing from the set for unload after the grace period.
 - `unload_due` unloads what the grace period has run out on (the app calls it on a timer).
 - `delete` forgets a model that is no longer desired, host-store bytes included.
+- Until the first push after a (re)start, which models are desired is the backend's word
+  (the agent keeps its last desired entries on disk and takes them back), so a restarted
+  agent neither reports its held models as undesired nor lets them be deleted.
 - Lease renewals (`record_lease_renewal`) and pushes feed the fencing rule; `may_load_new`
   is what the agent's loops ask before loading or swapping in.
 """
@@ -69,6 +72,8 @@ class ControlService:
         )
         self._schedule = UnloadSchedule(settings.grace_seconds)
         self._desired: frozenset[str] = frozenset()
+        #: False until a set is accepted: `_desired` is then the backend's view.
+        self._pushed = False
         self._unloaded: set[str] = set()
         self._identities: dict[str, _Identity] = {}
         self._identities_seeded = False
@@ -94,6 +99,7 @@ class ControlService:
             )
             self._unloaded -= desired.uids
             self._desired = desired.uids
+            self._pushed = True
             assert self._revision is not None
             counts = {o: sum(r.outcome == o for r in results) for o in ("applied", "deferred")}
             logger.info(
@@ -207,7 +213,7 @@ class ControlService:
     async def delete(self, uid: str) -> ActionResult:
         """Forget a model the set no longer holds, host-store bytes included."""
         async with self._lock:
-            if uid in self._desired:
+            if await self._is_desired(uid):
                 raise RefusedError(
                     "StillDesired", f"{uid} is in the desired set; remove it from the set first"
                 )
@@ -219,6 +225,11 @@ class ControlService:
             return ActionResult(uid=uid, outcome="unchanged", reason="NotHeld")
         logger.info("forgot %s and its host-store bytes", uid)
         return ActionResult(uid=uid, outcome="completed", reason="Forgotten")
+
+    async def _is_desired(self, uid: str) -> bool:
+        if self._pushed:
+            return uid in self._desired
+        return any(m.uid == uid and m.desired for m in await self.backend.models())
 
     # --- fencing ---------------------------------------------------------------------------
 
@@ -241,7 +252,7 @@ class ControlService:
         return tuple(
             dataclasses.replace(
                 model,
-                desired=model.uid in self._desired,
+                desired=model.uid in self._desired if self._pushed else model.desired,
                 unload_in_seconds=self._schedule.remaining_seconds(model.uid, now),
             )
             for model in sorted(await self.backend.models(), key=lambda m: m.uid)
