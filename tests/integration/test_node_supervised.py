@@ -84,6 +84,13 @@ async def test_node_survives_agent_and_triton_kills_and_stops_clean(node: Superv
     assert await answers_as_the_reference_says(models, mlp, lm) == (False, False)
     stubs = {uid: node.stub_pids(uid) for uid in (mlp, lm)}
     assert all(stubs.values())
+
+    # A changed spec.model for a held model is refused, naming the field; it serves on.
+    resized = entry(mlp, generation=2, weights="16Mi", swap_policy=never)
+    answer = (await control.desired([resized, desired[1]]))[mlp]
+    assert (answer["outcome"], answer["reason"]) == ("conflict", "ModelChanged"), answer
+    assert "spec.model.weightsBytes" in answer["message"]
+    assert (await control.model(mlp))["generation"] == 1
     triton = node.child("runtime")["pid"]
 
     # kill -9 of the agent alone: the supervisor restarts it; Triton never stops.

@@ -30,6 +30,7 @@ from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.desired_file import save_entries
 from modelswap_sidecar.agent.loading import engine_config
+from modelswap_sidecar.agent.model_changes import changed_fields, refusal
 from modelswap_sidecar.agent.placement import Placement
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.control.errors import UnknownModelError
@@ -100,7 +101,10 @@ class AgentBackend:
     async def _update(
         self, model: AgentModel, entry: DesiredEntry, policy: EffectivePolicy
     ) -> EntryResult:
-        changed_model = entry.spec.model != model.entry.spec.model
+        changed = changed_fields(model.entry.spec.model, entry.spec.model)
+        if changed and self._holds(model):
+            gpu = self.actuator.gpu_uuids[model.gpu] if model.gpu is not None else None
+            return refusal(model.uid, changed, f"{model.serving} on GPU {gpu}")
         model.entry, model.policy = entry, policy
         if model.gpu is not None and model.attaches:
             try:
@@ -119,10 +123,16 @@ class AgentBackend:
             return _result(model.uid, "deferred", model.reason, model.message)
         if model.serving in (Serving.PENDING, Serving.DEFERRED):
             return self._place_new(model)
-        note = f"{model.serving} on GPU {model.gpu}"
-        if changed_model:
-            note += "; spec.model changes take effect when the model is next loaded"
-        return _result(model.uid, "applied", "Updated", note)
+        return _result(model.uid, "applied", "Updated", f"{model.serving} on GPU {model.gpu}")
+
+    def _holds(self, model: AgentModel) -> bool:
+        """Triton serves (or loads) the model, or the engine keeps bytes of it."""
+        if model.serving in (Serving.LOADED, Serving.LOADING, Serving.DROPPED, Serving.UNLOADING):
+            return True
+        status = reports.status_of(self.actuator.engine, model)
+        if status is not None and status.resident_bytes > 0:
+            return True
+        return reports.host_bytes_of(self.actuator.engine, model) > 0
 
     async def unload(self, uid: str) -> None:
         model = self.records.get(uid)
