@@ -48,8 +48,13 @@ def api() -> Any:
 
 def create_dry_run(api: Any, document: dict[str, Any]) -> None:
     api.create_namespaced_custom_object(
-        "modelswap.io", "v1alpha1", document["metadata"].get("namespace", "default"),
-        "modeldeployments", document, dry_run="All", field_validation="Strict",
+        "modelswap.io",
+        "v1alpha1",
+        document["metadata"].get("namespace", "default"),
+        "modeldeployments",
+        document,
+        dry_run="All",
+        field_validation="Strict",
     )
 
 
@@ -58,7 +63,9 @@ def test_examples_are_accepted(api: Any, path: Path) -> None:
     create_dry_run(api, yaml.safe_load(path.read_text()))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "tests/data/invalid").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "tests/data/invalid").glob("*.yaml")), ids=lambda p: p.stem
+)
 def test_invalid_files_are_refused_naming_the_field(api: Any, path: Path) -> None:
     from kubernetes import client
 
