@@ -47,6 +47,9 @@ clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
 
 .PHONY: bench-swap
-bench-swap: setup ## swap-in/out latency and throughput vs the copy ceiling (sim); writes bench/results and docs/BENCHMARKS.md
+# the paced run's emulated link (GB/s): below this machine's ~7-17 GB/s copy ceiling
+BENCH_PACE_GBPS ?= 2
+bench-swap: setup ## swap-in/out vs the copy ceiling (sim), then a run paced to BENCH_PACE_GBPS=2 (bench.swap --pace-gbps, reported as scaled); writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.swap
+	$(BIN)/python -m bench.swap --pace-gbps $(BENCH_PACE_GBPS)
 	$(BIN)/python -m bench.render

@@ -1,4 +1,9 @@
-"""Render docs/BENCHMARKS.md from every committed bench/results/<machine-class>/<bench>.json."""
+"""Render docs/BENCHMARKS.md from every committed bench/results/<machine-class>/<bench>.json.
+
+Scaled (paced) results are marked as such in their heading and beside every figure the
+pacing shaped. Benches in `BENCHES` with no committed result file are listed as such, and
+the page says outright when no result comes from a GPU.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,27 @@ from bench.results_schema import RESULTS, SCHEMA
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "BENCHMARKS.md"
 
+#: every benchmark this repository has: result name → (command, what it measures, needs).
+#: A bench missing here is still rendered if it has results; one listed here without
+#: results is reported as not run.
+BENCHES: dict[str, tuple[str, str, str]] = {
+    "swap": (
+        "make bench-swap (python -m bench.swap)",
+        "sim engine swap-in/out vs this machine's copy ceiling and a one-at-a-time baseline",
+        "any Linux machine",
+    ),
+    "swap-paced": (
+        "make bench-swap (python -m bench.swap --pace-gbps 2)",
+        "the same with copies paced to an emulated slow link (scaled)",
+        "any Linux machine",
+    ),
+    "gpu-swap": (
+        "python bench/gpu_swap.py",
+        "cuda-vmm swap-in/out on a real GPU vs the pinned cudaMemcpy ceiling (goal >= 0.9) "
+        "and a one-allocation-at-a-time baseline",
+        "an NVIDIA GPU with cuda-bindings and nvidia-ml-py",
+    ),
+}
 
 _COLUMNS = {"throughput_bytes_per_second", "ratio_to_ceiling", "ratio_to_sync_baseline"}
 
@@ -20,16 +46,33 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value * 1e3:.1f} ms" if unit == "seconds" else f"{value:g} {unit}"
 
 
+def _gbps(bytes_per_second: float) -> str:
+    return f"{bytes_per_second / 1e9:.2f} GB/s"
+
+
 def render_doc(doc: dict[str, Any]) -> list[str]:
     m = doc["machine"]
-    lines = [
-        f"## `{doc['bench']}` on {doc['machine_class']}",
-        "",
+    scaled = bool(doc.get("scaled"))
+    target = doc.get("scaled_target_bytes_per_second")
+    title = f"## `{doc['bench']}` on {doc['machine_class']}"
+    if scaled:
+        title += f" — SCALED (paced to {_gbps(target) if target else 'an emulated link'})"
+    lines = [title, ""]
+    if scaled:
+        lines += [
+            f"> **Scaled, not measured link speed.** Copies were paced to an emulated "
+            f"{_gbps(target) if target else '(unknown)'} link on a CPU; figures marked "
+            "*(scaled)* describe that emulation and the engine's overhead on top of it, not "
+            "any real GPU link.",
+            "",
+        ]
+    lines += [
         f"- Command: `{doc['command']}`",
         f"- Machine: {m['cpu_model']}, {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB "
         f"memory, GPU: {m['gpu']}; kernel {m.get('kernel', '?')}, Python {m.get('python', '?')}",
-        f"- Backend: {doc['backend']}; scaled (paced): {doc['scaled']}; commit "
-        f"`{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
+        f"- Backend: {doc['backend']}; scaled (paced): {scaled}"
+        + (f", target {_gbps(target)}" if scaled and target else "")
+        + f"; commit `{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
         "",
     ]
     lines += [f"- {n}" for n in doc["notes"]]
@@ -40,43 +83,88 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
     ]
     for r in doc["results"]:
         mt = r["metrics"]
+        paced = "pace_bytes_per_second" in r["params"]
+        mark = " *(scaled)*" if paced else ""
         size = r["params"].get("model_bytes", 0)
         tput = mt.get("throughput_bytes_per_second")
-        lines.append(
-            f"| {r['name']} | {size / 2**20:.0f} MiB | {_fmt(r['median'], r['unit'])} | "
-            f"{tput / 1e9:.2f} GB/s | "
-            if tput
-            else f"| {r['name']} | | | | "
-        )
-        lines[-1] += f"{mt['ratio_to_ceiling']:.2f} | " if "ratio_to_ceiling" in mt else "| "
-        lines[-1] += (
-            f"{mt['ratio_to_sync_baseline']:.2f} |" if "ratio_to_sync_baseline" in mt else "|"
-        )
+        row = f"| {r['name']}{mark} | {size / 2**20:.0f} MiB | {_fmt(r['median'], r['unit'])} | "
+        row += f"{_gbps(tput)}{mark} | " if tput else "| "
+        if "ratio_to_ceiling" in mt:
+            row += f"{mt['ratio_to_ceiling']:.2f}{' of link' if paced else ''} | "
+        else:
+            row += "| "
+        row += f"{mt['ratio_to_sync_baseline']:.2f} |" if "ratio_to_sync_baseline" in mt else "|"
         other = [
             f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else f'{v:.2f}'}"
             for k, v in mt.items()
             if k not in _COLUMNS
         ]
-        lines[-1] += f" {'; '.join(other)} |"
+        lines.append(f"{row} {'; '.join(other)} |")
     return [*lines, ""]
 
 
-def main() -> int:
+def render_missing(docs: list[dict[str, Any]]) -> list[str]:
+    """Benches with no committed result, and whether any result comes from a GPU."""
+    have = {d["bench"] for d in docs}
+    missing = [name for name in BENCHES if name not in have]
+    gpu_docs = [d for d in docs if str(d["machine"].get("gpu", "none")) != "none"]
+    lines = ["## Not measured yet", ""]
+    if not gpu_docs:
+        lines += [
+            "**No GPU results exist yet.** Every figure on this page comes from the sim "
+            "backend on a CPU (memfd chunks in host memory); none is a GPU or PCIe/C2C "
+            "measurement. The GPU bench (`bench/gpu_swap.py`) has not run on a GPU machine.",
+            "",
+        ]
+    if missing:
+        lines += ["Benches with no committed result file:", ""]
+        lines += [
+            f"- `{name}` — {BENCHES[name][1]}; command `{BENCHES[name][0]}`; needs "
+            f"{BENCHES[name][2]}."
+            for name in missing
+        ]
+    else:
+        lines.append("Every bench has at least one committed result file.")
+    return [*lines, ""]
+
+
+def load_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in RESULTS.glob("*/*.json"):
+        doc = json.loads(path.read_text())
+        if doc.get("schema") != SCHEMA:
+            print(f"skipping {path}: schema {doc.get('schema')!r}", file=sys.stderr)
+            continue
+        docs.append(doc)
+    order = list(BENCHES)
+    docs.sort(
+        key=lambda d: (
+            d["machine_class"],
+            order.index(d["bench"]) if d["bench"] in order else len(order),
+            d["bench"],
+        )
+    )
+    return docs
+
+
+def render(docs: list[dict[str, Any]]) -> str:
     out = [
         "# Benchmarks",
         "",
         "Generated by `python -m bench.render` from every committed "
         "`bench/results/<machine-class>/<bench>.json` (schema `" + SCHEMA + "`, see "
-        "`bench/results_schema.py`). Medians; do not edit by hand.",
+        "`bench/results_schema.py`). Medians; do not edit by hand. Results marked SCALED "
+        "were paced to an emulated link and are not link measurements.",
         "",
     ]
-    for path in sorted(RESULTS.glob("*/*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("schema") != SCHEMA:
-            print(f"skipping {path}: schema {doc.get('schema')!r}", file=sys.stderr)
-            continue
+    out += render_missing(docs)
+    for doc in docs:
         out += render_doc(doc)
-    OUT.write_text("\n".join(out))
+    return "\n".join(out)
+
+
+def main() -> int:
+    OUT.write_text(render(load_docs()))
     print(f"wrote {OUT.relative_to(ROOT)}")
     return 0
 

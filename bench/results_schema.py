@@ -8,7 +8,7 @@
       "machine_class": "amd-epyc-2cpu-nogpu",
       "machine": {"cpu_model": ..., "cpus": 2, "memory_bytes": ..., "gpu": "none"},
       "git_commit": "...", "recorded_at": "2025-01-01T00:00:00Z",
-      "backend": "sim", "scaled": false,
+      "backend": "sim", "scaled": false, "scaled_target_bytes_per_second": null,
       "notes": ["definitions of ceilings and baselines", ...],
       "results": [
         {"name": "swap_in", "params": {"model_bytes": ...}, "unit": "seconds",
@@ -16,6 +16,11 @@
          "ratio_to_ceiling": ..., "ratio_to_sync_baseline": ...}}
       ]
     }
+
+`scaled` is true when copies were paced to an emulated link (the sim backend's pacing)
+rather than measured at the hardware's own speed; `scaled_target_bytes_per_second` is then
+that link's bandwidth, and rows whose figures the pacing shaped carry it as
+`params.pace_bytes_per_second`. Renderers must say so beside every such figure.
 
 The machine class names the hardware (CPU model, CPU count, GPU), never the host name, so
 runs on equal machines land in the same folder.
@@ -81,7 +86,10 @@ def write(
     *,
     backend: str,
     scaled: bool,
+    scaled_target_bytes_per_second: float | None = None,
 ) -> Path:
+    if scaled != (scaled_target_bytes_per_second is not None):
+        raise ValueError("a scaled result names its target bandwidth, an unscaled one none")
     m = machine()
     try:
         commit = subprocess.run(
@@ -99,6 +107,7 @@ def write(
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "backend": backend,
         "scaled": scaled,
+        "scaled_target_bytes_per_second": scaled_target_bytes_per_second,
         "notes": notes,
         "results": results,
     }

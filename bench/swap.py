@@ -19,23 +19,37 @@ its first fault), so its "copy" was mostly page zeroing under contention (0.31 G
 1 GiB). Pool chunks are now zeroed when made (`sim._new_chunk_fd`).
 
 Ratios are time ratios: ceiling seconds / swap-in seconds (1.0 = as fast as the ceiling).
+
+`--pace-gbps X` runs the same bench with the client's sim mapper paced to an emulated X GB/s
+link (`modelswap_client.mappers.sim.Pacer`: every copy stream shares that one link) and
+the synchronous baseline paced alike; it writes `swap-paced.json`, marked `scaled: true`
+with the target. Its ceiling is the link itself (model bytes / X); the machine's own copy
+ceiling is still measured, and X must stay below it (this machine copies at ~7-17 GB/s,
+so e.g. 2 GB/s emulates a slow PCIe link; 55 GB/s cannot be paced here).
+
+SIGTERM and SIGINT end the run cleanly: the client process group is killed and the work
+directory under /dev/shm removed (nothing is written).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import mmap
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench import results_schema
+from modelswap_client.mappers.sim import Pacer
 from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.allocators.sim import SimAllocator, _new_chunk_fd
 from modelswap_sidecar.engine.core import Engine, EngineSettings
@@ -104,9 +118,13 @@ def source_map_seconds(weights: Path, size: int) -> float:
     return elapsed
 
 
-def sync_baseline_seconds(allocator: SimAllocator, src: int, size: int, piece: int) -> float:
-    """One allocation at a time from the engine's own pool: create, export, map, copy, next."""
+def sync_baseline_seconds(
+    allocator: SimAllocator, src: int, size: int, piece: int, pace_bytes_per_second: float = 0.0
+) -> float:
+    """One allocation at a time from the engine's own pool: create, export, map, copy, next
+    (each copy paced to the same emulated link as the client's when pacing)."""
     chunks = []
+    pacer = Pacer(pace_bytes_per_second) if pace_bytes_per_second > 0 else None
     try:
         started = time.perf_counter()
         for offset in range(0, size, piece):
@@ -116,7 +134,10 @@ def sync_baseline_seconds(allocator: SimAllocator, src: int, size: int, piece: i
             dst = _map(fd, n, PROT_RW)
             os.close(fd)
             chunks.append((chunk, dst, n))
+            deadline = pacer.reserve(n) if pacer is not None else 0.0
             ctypes.memmove(dst, src + offset, n)
+            if pacer is not None:
+                pacer.wait_until(deadline)
         elapsed = time.perf_counter() - started
     finally:
         for chunk, dst, n in chunks:
@@ -125,7 +146,21 @@ def sync_baseline_seconds(allocator: SimAllocator, src: int, size: int, piece: i
     return elapsed
 
 
-def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the client's whole process group (it runs in its own session) and reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+def run_size(
+    size: int, reps: int, workdir: Path, pace_bytes_per_second: float = 0.0
+) -> list[dict[str, Any]]:
     allocator = SimAllocator(capacities_bytes=[size], pool_chunk_bytes=POOL_CHUNK_BYTES)
     store = HostStore(workdir / f"store-{size}", {0: size})
     voucher = RegisteredVoucher()
@@ -135,7 +170,14 @@ def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
     server = EngineServer(engine, sock)
     server.start()
     client = subprocess.Popen(
-        [sys.executable, "-m", "bench.swap_client", str(sock), str(size)],
+        [
+            sys.executable,
+            "-m",
+            "bench.swap_client",
+            str(sock),
+            str(size),
+            str(pace_bytes_per_second),
+        ],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -148,6 +190,7 @@ def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
         assert client.stdout is not None and client.stdin is not None
         if client.stdout.readline().strip() != "ready":
             raise RuntimeError("bench client did not start")
+        print(f"started {size // MIB} MiB: client pid {client.pid}", flush=True)
         weights = next((workdir / f"store-{size}").rglob("*.weights"))
         src_fd = os.open(weights, os.O_RDONLY)
         src = _map(src_fd, size, mmap.PROT_READ)  # the ceiling's source, mapped once
@@ -173,7 +216,11 @@ def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
                 if which == "ceiling":
                     ceilings.append(ceiling_seconds(src, size))
                 else:
-                    baselines.append(sync_baseline_seconds(allocator, src, size, POOL_CHUNK_BYTES))
+                    baselines.append(
+                        sync_baseline_seconds(
+                            allocator, src, size, POOL_CHUNK_BYTES, pace_bytes_per_second
+                        )
+                    )
             source_maps.append(source_map_seconds(weights, size))
             _pool_full(allocator)
             t = time.perf_counter()
@@ -188,41 +235,76 @@ def run_size(size: int, reps: int, workdir: Path) -> list[dict[str, Any]]:
             _libc.munmap(src, size)
         if src_fd:
             os.close(src_fd)
-        if client.poll() is None:
-            client.kill()
-        client.wait()
+        _kill_group(client)
         server.close()
         engine.close()
         allocator.close()
     med_in, med_out = statistics.median(ins), statistics.median(outs)
     med_ceiling, med_base = statistics.median(ceilings), statistics.median(baselines)
-    params = {"model_bytes": size, "pool_chunk_bytes": POOL_CHUNK_BYTES, "reps": reps}
+    params: dict[str, Any] = {
+        "model_bytes": size,
+        "pool_chunk_bytes": POOL_CHUNK_BYTES,
+        "reps": reps,
+    }
+    paired_sync = statistics.median(b / i for b, i in zip(baselines, ins, strict=True))
+    machine_row = results_schema.result(
+        "ceiling_copy",
+        params,
+        ceilings,
+        throughput_bytes_per_second=size / med_ceiling,
+        source_map_seconds=statistics.median(source_maps),
+    )
+    swap_out_row = results_schema.result(
+        "swap_out", params, outs, throughput_bytes_per_second=size / med_out
+    )
+    if pace_bytes_per_second <= 0:
+        return [
+            results_schema.result(
+                "swap_in",
+                params,
+                ins,
+                throughput_bytes_per_second=size / med_in,
+                ratio_to_ceiling=med_ceiling / med_in,
+                ratio_to_sync_baseline=med_base / med_in,
+                # the same ratios per repetition (each pair measured side by side), median
+                paired_ratio_to_ceiling=statistics.median(
+                    c / i for c, i in zip(ceilings, ins, strict=True)
+                ),
+                paired_ratio_to_sync_baseline=paired_sync,
+            ),
+            swap_out_row,
+            machine_row,
+            results_schema.result(
+                "sync_one_at_a_time", params, baselines, throughput_bytes_per_second=size / med_base
+            ),
+        ]
+    if pace_bytes_per_second >= size / med_ceiling:
+        raise RuntimeError(
+            f"cannot pace to {pace_bytes_per_second / 1e9:.2f} GB/s: this machine copies only "
+            f"{size / med_ceiling / 1e9:.2f} GB/s at {size // MIB} MiB; pace below its ceiling"
+        )
+    # paced: the ceiling is the emulated link itself (every byte at the target rate); the
+    # machine's own copy ceiling stays beside it, to show the pace is below it
+    link_seconds = size / pace_bytes_per_second
+    paced = {**params, "pace_bytes_per_second": pace_bytes_per_second}
+    machine_row["metrics"]["pace_fraction_of_machine_ceiling"] = (
+        pace_bytes_per_second * med_ceiling / size
+    )
     return [
         results_schema.result(
             "swap_in",
-            params,
+            paced,
             ins,
             throughput_bytes_per_second=size / med_in,
-            ratio_to_ceiling=med_ceiling / med_in,
+            ratio_to_ceiling=link_seconds / med_in,
             ratio_to_sync_baseline=med_base / med_in,
-            # the same ratios per repetition (each pair measured side by side), median
-            paired_ratio_to_ceiling=statistics.median(
-                c / i for c, i in zip(ceilings, ins, strict=True)
-            ),
-            paired_ratio_to_sync_baseline=statistics.median(
-                b / i for b, i in zip(baselines, ins, strict=True)
-            ),
+            link_seconds=link_seconds,
+            paired_ratio_to_sync_baseline=paired_sync,
         ),
-        results_schema.result("swap_out", params, outs, throughput_bytes_per_second=size / med_out),
+        swap_out_row,
+        machine_row,
         results_schema.result(
-            "ceiling_copy",
-            params,
-            ceilings,
-            throughput_bytes_per_second=size / med_ceiling,
-            source_map_seconds=statistics.median(source_maps),
-        ),
-        results_schema.result(
-            "sync_one_at_a_time", params, baselines, throughput_bytes_per_second=size / med_base
+            "sync_one_at_a_time", paced, baselines, throughput_bytes_per_second=size / med_base
         ),
     ]
 
@@ -254,28 +336,90 @@ NOTES = [
 ]
 
 
+def paced_notes(pace_bytes_per_second: float) -> list[str]:
+    gbps = pace_bytes_per_second / 1e9
+    return [
+        f"SCALED: the client's sim mapper paced every copy to an emulated {gbps:.2f} GB/s "
+        "link (one link shared by both copy streams: each copy books its bytes on one "
+        "timeline, its memmove counts towards its slot, then it waits out the rest). The "
+        "swap-in and sync-baseline throughputs describe that emulation, not a measured "
+        "link; swap-out copies nothing (weights are clean) and is not paced.",
+        f"Ceiling (link): model bytes / {gbps:.2f} GB/s, the time the emulated link needs "
+        "for every byte (link_seconds); ratio_to_ceiling = link_seconds / swap-in seconds, so "
+        "1 - ratio is the engine's own overhead on top of the link.",
+        "Machine ceiling (ceiling_copy, unpaced) is measured in the same run as in the "
+        "unpaced bench; pace_fraction_of_machine_ceiling is the pace over it and must stay "
+        "below 1 (a link faster than this machine copies cannot be emulated here).",
+        "Sync baseline: one allocation (engine chunk) at a time, create, export, map "
+        "MAP_POPULATE, copy paced to the same link, then the next (how vLLM's sleep-mode "
+        "wake-up copies), in one thread.",
+        *NOTES[3:],
+    ]
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM/SIGINT: unwind through every `finally` (client group killed, work dir
+    removed); a second signal is ignored so it cannot cut that cleanup short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--sizes-mib", default="64,256,1024")
     p.add_argument("--reps", type=int, default=11)
+    p.add_argument(
+        "--pace-gbps",
+        type=float,
+        default=0.0,
+        help="pace copies to an emulated link of this many GB/s (below this machine's copy "
+        "ceiling); written to swap-paced.json as scaled",
+    )
+    p.add_argument(
+        "--no-results", action="store_true", help="print only; write no result file (tests)"
+    )
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    pace = args.pace_gbps * 1e9
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="modelswap-bench-", dir="/dev/shm") as tmp:
+        print(f"workdir {tmp}", flush=True)
         for mib in (int(s) for s in args.sizes_mib.split(",")):
-            rows = run_size(mib * MIB, args.reps, Path(tmp))
+            rows = run_size(mib * MIB, args.reps, Path(tmp), pace)
             results += rows
             r = rows[0]["metrics"]
             print(
                 f"{mib:5d} MiB  swap-in {rows[0]['median'] * 1e3:8.1f} ms "
-                f"({r['throughput_bytes_per_second'] / 1e9:5.2f} GB/s, "
-                f"{r['ratio_to_ceiling']:.2f}x ceiling, "
+                f"({r['throughput_bytes_per_second'] / 1e9:5.2f} GB/s"
+                f"{' SCALED' if pace else ''}, "
+                f"{r['ratio_to_ceiling']:.2f}x {'link' if pace else 'ceiling'}, "
                 f"{r['ratio_to_sync_baseline']:.2f}x sync)  "
                 f"swap-out {rows[1]['median'] * 1e3:7.1f} ms",
                 flush=True,
             )
-    path = results_schema.write(
-        "swap", "make bench-swap", results, NOTES, backend="sim", scaled=False
-    )
+    if args.no_results:
+        return 0
+    if pace:
+        path = results_schema.write(
+            "swap-paced",
+            f"make bench-swap (python -m bench.swap --pace-gbps {args.pace_gbps:g})",
+            results,
+            paced_notes(pace),
+            backend="sim",
+            scaled=True,
+            scaled_target_bytes_per_second=pace,
+        )
+    else:
+        path = results_schema.write(
+            "swap",
+            "make bench-swap (python -m bench.swap)",
+            results,
+            NOTES,
+            backend="sim",
+            scaled=False,
+        )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

@@ -1,7 +1,8 @@
 """The model process of `bench.swap`: attach one weights region, fill it, commit, wait.
 
 On stdin EOF it prints the region's sha256 (under in_use) so the bench checks the bytes
-survived every cycle.
+survived every cycle. An optional third argument paces the sim mapper's copies to that
+many bytes per second (an emulated link; the bench reports such figures as scaled).
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ import os
 import sys
 
 from modelswap_client.client import RegionSpec, attach
+from modelswap_client.mappers.base import get_mapper
 
 
 def main() -> int:
     socket_path, size = sys.argv[1], int(sys.argv[2])
-    att = attach("bench", [RegionSpec("w", size, "weights")], socket_path=socket_path)
+    pace = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    mapper = get_mapper("sim", bandwidth_bytes_per_second=pace)
+    att = attach(
+        "bench", [RegionSpec("w", size, "weights")], socket_path=socket_path, mapper=mapper
+    )
     region = att.regions["w"]
     data = os.urandom(size)
     ctypes.memmove(region.address, data, size)

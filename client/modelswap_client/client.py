@@ -680,6 +680,8 @@ class Attachment:
         result: dict[str, str] = {}
         streams = self.mapper.stream_count()
         queued = 0
+        copied_bytes = 0
+        started = time.perf_counter()
         try:
             for rd in message.body["regions"]:
                 r = self.regions[rd["tag"]]
@@ -704,6 +706,7 @@ class Attachment:
                             )
                         )
                         queued += 1
+                        copied_bytes += n
                 if host is not None:
                     r.restored = True
                     result[r.tag] = "restored"
@@ -711,18 +714,28 @@ class Attachment:
                     self.restored = self.committed = False
             for ev in events:
                 ev.wait()
+            copy_seconds = time.perf_counter() - started
         finally:
             self.mapper.synchronize()
             for b in buffers:
                 self.mapper.unmap_host(b)
             message.close_fds()
+        paced = self.mapper.paced_bytes_per_second()
+        # what this restore moved and how fast (granting access included); "scaled" when
+        # the mapper paced it to an emulated link, so nobody reads it as a real link speed
+        copy = {
+            "bytes": copied_bytes,
+            "seconds": copy_seconds,
+            "scaled": paced > 0,
+            "target_bytes_per_second": paced if paced > 0 else None,
+        }
         was_out = self.state is ClientState.MAPPED
         self.dropped = False
         self._set_state(ClientState.RESIDENT)
         if was_out:
             for h in self._on_swap_in:
                 h(self)
-        return {"regions": result}
+        return {"regions": result, "copy": copy}
 
     def _unmap_all(self) -> None:
         for r in self.regions.values():

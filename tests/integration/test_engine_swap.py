@@ -240,3 +240,33 @@ def test_released_chunks_leave_the_agent_and_inodes_are_never_reused(procs: Proc
         assert memfd_mappings(c.pid) == []
         assert not inodes & set(memfd_fd_inodes(agent.pid))  # the agent closed them
         c.ok(cmd="hash", tag="w")
+
+
+def test_a_paced_swap_in_is_reported_as_scaled(procs: Procs) -> None:
+    """A client whose sim mapper paces copies to an emulated 1 GB/s link: the swap-in's
+    bandwidth metadata says scaled, with that target, and its rate stays at or below it
+    (the pacer sleeps at least each copy's slot, so this holds on any machine)."""
+    agent = procs.agent(["64M"], ["paced:0", "plain:0"])
+    rate: dict[str, dict[str, object]] = {}
+    for name, pace in (("paced", 1.0), ("plain", 0.0)):
+        c = procs.client(agent, name)
+        r = c.ok(
+            cmd="attach",
+            model=name,
+            socket=agent.socket,
+            regions=[["w", 8 * MIB, "weights"], ["kv", 2 * MIB, "kv"]],
+            pace_gbps=pace,
+        )
+        assert r["restored"] is False
+        h = c.ok(cmd="fill", tag="w", seed=11)["sha256"]
+        c.ok(cmd="commit")
+        agent.ok(cmd="swap_out", model=name)
+        agent.ok(cmd="swap_in", model=name)
+        assert c.ok(cmd="hash", tag="w")["sha256"] == h
+        rate[name] = agent.status()["models"][name]["last_swap_in_copy"]
+    paced, plain = rate["paced"], rate["plain"]
+    assert paced["scaled"] is True and paced["target_bytes_per_second"] == 1e9
+    assert paced["bytes"] == 8 * MIB  # the weights; discarded KV comes back fresh
+    assert 0 < float(paced["bytes_per_second"]) <= 1e9  # type: ignore[arg-type]
+    assert plain["scaled"] is False and plain["target_bytes_per_second"] is None
+    assert plain["bytes"] == 8 * MIB

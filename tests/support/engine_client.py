@@ -1,7 +1,8 @@
 """A model process for integration tests: the client library driven over stdin/stdout.
 
 One JSON command per stdin line, one JSON answer per stdout line:
-    {"cmd": "attach", "model", "instance", "socket", "regions": [[tag, bytes, kind], ...]}
+    {"cmd": "attach", "model", "instance", "socket", "regions": [[tag, bytes, kind], ...],
+     "pace_gbps": optional: the sim mapper paces copies to this emulated link (GB/s)}
     {"cmd": "fill", "tag", "seed"}        random bytes into the region (under in_use) → sha256
     {"cmd": "hash", "tag"}                sha256 of the region, under in_use (swaps in)
     {"cmd": "raw_hash", "tag", "address"} sha256 at a captured address, without in_use
@@ -28,6 +29,7 @@ from typing import Any
 
 from modelswap_client.client import Attachment, ClientError, RegionSpec, attach
 from modelswap_client.kvpool import KvPoolFull, TieredKvPool
+from modelswap_client.mappers.base import get_mapper
 
 
 def fill(att: Attachment, tag: str, seed: int) -> str:
@@ -65,6 +67,7 @@ def main() -> int:
         try:
             op = cmd["cmd"]
             if op == "attach":
+                pace = float(cmd.get("pace_gbps", 0))
                 att = attach(
                     cmd["model"],
                     [RegionSpec(t, int(n), k) for t, n, k in cmd["regions"]],
@@ -72,6 +75,7 @@ def main() -> int:
                     socket_path=cmd["socket"],
                     timeout_seconds=float(cmd.get("timeout", 60)),
                     heartbeat_interval_seconds=float(cmd.get("heartbeat", 5.0)),
+                    mapper=get_mapper("sim", bandwidth_bytes_per_second=pace * 1e9),
                 )
                 answer["restored"] = att.restored
                 answer["addresses"] = {t: r.address for t, r in att.regions.items()}

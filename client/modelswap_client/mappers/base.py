@@ -170,6 +170,11 @@ class Mapper(abc.ABC):
     def synchronize(self) -> None:
         """Wait for every queued copy (`cuCtxSynchronize`); raises `CopyError` on a failure."""
 
+    def paced_bytes_per_second(self) -> float:
+        """The emulated link bandwidth copies are paced to (sim only), or 0.0: copies run
+        at this machine's own speed. Figures measured while paced are "scaled"."""
+        return 0.0
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop worker threads/streams. Mappings and reservations are the caller's to undo."""
 

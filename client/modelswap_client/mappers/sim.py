@@ -5,14 +5,18 @@ mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-
 `map` places a chunk PROT_NONE (an access faults, as before `cuMemSetAccess`);
 `set_access` maps it again at the same address with `MAP_SHARED|MAP_FIXED|MAP_POPULATE`
 and the granted protection, so a swap-in walks the page tables once.
-Pacing (`bandwidth_bytes_per_second`) slows every copy to a link bandwidth below this
-machine's copy ceiling; results measured with it are "scaled", never real link speeds.
+Pacing (`bandwidth_bytes_per_second`) emulates a link slower than this machine's copy
+ceiling: every copy, on every stream, books its transfer time on one shared `Pacer`
+timeline, so all streams together move at most that many bytes per second (a real link is
+shared the same way). Figures measured with it are "scaled" (`paced_bytes_per_second()`),
+never real link speeds; a bandwidth at or above the machine's own copy speed paces nothing.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import os
 import queue
 import stat
@@ -66,6 +70,48 @@ class _Event(CopyEvent):
 _Job = tuple[Callable[[], None], _Event] | None
 
 
+class Pacer:
+    """One emulated link shared by every copy stream: bytes move at most at
+    `bandwidth_bytes_per_second` in aggregate.
+
+    `reserve(n)` books `n` bytes on the link's timeline (from now, or from where the last
+    booking ends if that is later) and returns when the transfer may be finished;
+    `wait_until(t)` sleeps until then. A copy books when it starts, does its memmove (real
+    time that counts towards its slot), then waits out the rest. The clock and sleeper are
+    injectable so tests check the schedule without timing anything.
+    """
+
+    def __init__(
+        self,
+        bandwidth_bytes_per_second: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if bandwidth_bytes_per_second <= 0:
+            raise MapperError("a pacing bandwidth must be positive")
+        self.bandwidth_bytes_per_second = float(bandwidth_bytes_per_second)
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._free_at = -math.inf  # when the link's last booking ends
+
+    def reserve(self, size_bytes: int) -> float:
+        """Book `size_bytes` on the link; returns the clock time the transfer ends."""
+        with self._lock:
+            start = max(self._clock(), self._free_at)
+            self._free_at = start + size_bytes / self.bandwidth_bytes_per_second
+            return self._free_at
+
+    def wait_until(self, deadline: float) -> float:
+        """Sleep until `deadline` (clock time); returns the seconds slept (0 if past)."""
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            return 0.0
+        self._sleep(remaining)
+        return remaining
+
+
 class _Stream:
     """An in-order copy queue served by one thread (a CUDA stream's host analogue)."""
 
@@ -110,11 +156,24 @@ class _Stream:
 class SimMapper(Mapper):
     name = "sim"
 
-    def __init__(self, *, streams: int = 2, bandwidth_bytes_per_second: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        streams: int = 2,
+        bandwidth_bytes_per_second: float = 0.0,
+        pacer: Pacer | None = None,
+    ) -> None:
+        """`bandwidth_bytes_per_second` > 0 paces every copy to that emulated link (see
+        `Pacer`); `pacer` passes one in (tests inject its clock)."""
         if streams < 1:
             raise MapperError("streams must be at least 1")
+        if bandwidth_bytes_per_second < 0:
+            raise MapperError("a pacing bandwidth must be positive (or 0: no pacing)")
         _libc.raise_fd_limit()
-        self.bandwidth_bytes_per_second = bandwidth_bytes_per_second
+        if pacer is None and bandwidth_bytes_per_second > 0:
+            pacer = Pacer(bandwidth_bytes_per_second)
+        self.pacer = pacer
+        self.bandwidth_bytes_per_second = 0.0 if pacer is None else pacer.bandwidth_bytes_per_second
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._reservations: dict[int, Reservation] = {}
@@ -340,16 +399,19 @@ class SimMapper(Mapper):
     def stream_count(self) -> int:
         return len(self._streams)
 
+    def paced_bytes_per_second(self) -> float:
+        return self.bandwidth_bytes_per_second
+
     def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
-        bandwidth = self.bandwidth_bytes_per_second
+        pacer = self.pacer
 
         def work() -> None:
-            started = time.perf_counter()
+            # booked when the copy starts (a stream runs its copies in order), so the
+            # memmove's own time counts towards the slot
+            deadline = pacer.reserve(size_bytes) if pacer is not None else 0.0
             _libc.memmove(dst, src, size_bytes)
-            if bandwidth > 0:
-                remaining = size_bytes / bandwidth - (time.perf_counter() - started)
-                if remaining > 0:
-                    time.sleep(remaining)
+            if pacer is not None:
+                pacer.wait_until(deadline)
 
         return self._streams[stream % len(self._streams)].submit(work)
 

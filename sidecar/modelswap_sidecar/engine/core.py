@@ -37,6 +37,7 @@ from modelswap_sidecar.engine.errors import (
 )
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import (
+    CopyReport,
     InstanceRecord,
     ModelConfig,
     ModelRecord,
@@ -95,6 +96,8 @@ class ModelStatus:
     reason: str
     #: live instance → seconds since its last heartbeat (None: none received yet)
     last_heartbeat_ages_seconds: dict[str, float | None] = field(default_factory=dict)
+    #: what the last swap-in copied and how fast; `scaled` when paced (sim emulation)
+    last_swap_in_copy: CopyReport = field(default_factory=CopyReport)
 
 
 def _no_checkpoint(name: str) -> None:
@@ -214,6 +217,7 @@ class Engine:
                     i.name: None if i.last_heartbeat is None else now - i.last_heartbeat
                     for i in m.live_instances()
                 },
+                m.last_swap_in_copy,
             )
 
     def statuses(self) -> list[ModelStatus]:
@@ -725,4 +729,5 @@ def as_dict(status: ModelStatus) -> dict[str, Any]:
         "kv_discarded": status.kv_discarded,
         "reason": status.reason,
         "last_heartbeat_ages_seconds": status.last_heartbeat_ages_seconds,
+        "last_swap_in_copy": status.last_swap_in_copy.as_doc(),
     }

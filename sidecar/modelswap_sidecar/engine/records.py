@@ -71,6 +71,43 @@ class InstanceRecord:
         return sum(r.mapped_bytes for r in self.regions.values())
 
 
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    """What the clients said they copied in a swap-in: bytes over every instance, seconds
+    of the slowest (they copy at once). `scaled`: a client's mapper paced its copies to an
+    emulated link (sim) of `target_bytes_per_second`, so the rate is no real link's."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+    scaled: bool = False
+    target_bytes_per_second: float | None = None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    @classmethod
+    def from_replies(cls, bodies: list[dict[str, Any]]) -> CopyReport:
+        """Combine the `copy` documents of restore replies (absent from older clients)."""
+        docs = [b["copy"] for b in bodies if isinstance(b.get("copy"), dict)]
+        targets = [float(d["target_bytes_per_second"]) for d in docs if d.get("scaled")]
+        return cls(
+            sum(int(d.get("bytes", 0)) for d in docs),
+            max((float(d.get("seconds", 0.0)) for d in docs), default=0.0),
+            bool(targets),
+            min(targets) if targets else None,
+        )
+
+    def as_doc(self) -> dict[str, Any]:
+        return {
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "bytes_per_second": self.bytes_per_second,
+            "scaled": self.scaled,
+            "target_bytes_per_second": self.target_bytes_per_second,
+        }
+
+
 @dataclass(slots=True)
 class ModelRecord:
     config: ModelConfig
@@ -83,6 +120,7 @@ class ModelRecord:
     swap_outs: int = 0
     last_swap_in_seconds: float = 0.0
     last_swap_out_seconds: float = 0.0
+    last_swap_in_copy: CopyReport = field(default_factory=CopyReport)
     kv_discarded: bool = False
     reason: str = ""
 

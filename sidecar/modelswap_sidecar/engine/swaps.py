@@ -36,7 +36,12 @@ from modelswap_sidecar.engine.errors import (
     WrongState,
 )
 from modelswap_sidecar.engine.hoststore import Staging
-from modelswap_sidecar.engine.records import InstanceRecord, ModelRecord, RegionRecord
+from modelswap_sidecar.engine.records import (
+    CopyReport,
+    InstanceRecord,
+    ModelRecord,
+    RegionRecord,
+)
 from modelswap_sidecar.engine.states import EngineState
 
 if TYPE_CHECKING:
@@ -317,7 +322,7 @@ class Swapper:
         # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
         e.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
-            self.bring_in(m, live, track_states=True)
+            replies = self.bring_in(m, live, track_states=True)
         except (EngineError, RemoteError) as ex:  # rolled back; the host copy is intact
             e.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
             raise
@@ -326,6 +331,7 @@ class Swapper:
             raise ModelFailed(f"model {m.name} failed: {m.reason}") from ex
         m.swap_ins += 1
         m.last_swap_in_seconds = time.perf_counter() - started
+        m.last_swap_in_copy = CopyReport.from_replies(list(replies.values()))
         m.last_used = time.monotonic()
         e.set_state(m, S.RESIDENT, "swapped in")
 
