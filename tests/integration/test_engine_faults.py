@@ -121,6 +121,8 @@ def readopted_intact(
     procs: Procs, agent: AgentProc, clients: dict[str, tuple[ClientProc, dict[str, str]]]
 ) -> None:
     """Every client reconnected and readopted; states settled; bytes and HBM exact."""
+    # registering is not readopting: wait for the engine to say every instance is back
+    wait_for(lambda: not agent.status()["recovering"], what="recovery over")
     wait_for(
         lambda: all(
             s["state"] in ("Resident", "SwappedOut") for s in agent.status()["models"].values()
@@ -257,3 +259,29 @@ def test_agent_and_clients_killed_restore_from_host_store(procs: Procs) -> None:
         assert r["restored"] is True
         assert c.ok(cmd="hash", tag="w")["sha256"] == hashes["w"]
         assert (c.ok(cmd="hash", tag="kv")["sha256"] == hashes["kv"]) is kv_kept
+
+
+def test_swap_out_right_after_an_agent_restart_waits_for_readopt(procs: Procs) -> None:
+    """A swap-out requested before the clients readopted must not "succeed" unmapping
+    nothing: it waits for them, then really unmaps (seen in the client's own maps)."""
+    models = ["m:0:preserve"]
+    agent = procs.agent(["64M"], models)
+    c, hashes = loaded(procs, agent, "m", 3)
+    mapped = memfd_mappings(c.pid)
+    assert mapped
+    agent.kill9()
+    # not vouched yet: the client cannot readopt until the test lets it
+    agent = procs.agent(["64M"], models, ["--grace", "30"])
+    assert agent.status()["recovering"] is True
+    swap_out = Background(agent.call, cmd="swap_out", model="m")
+    wait_for(lambda: agent.status()["recovery_waiters"] == 1, what="the swap-out waiting")
+    assert memfd_mappings(c.pid) == mapped  # nothing touched while it waits
+    agent.ok(cmd="vouch", pid=c.pid, model="m")  # the client reconnects and readopts
+    assert swap_out.join(timeout=30)["ok"] is True
+    assert memfd_mappings(c.pid) == []
+    assert c.ok(cmd="state")["state"] == "swapped_out"
+    assert agent_state(agent) == "SwappedOut"
+    assert agent.status()["models"]["m"]["swap_outs"] == 1
+    assert_accounting(agent, [c])
+    assert c.ok(cmd="hash", tag="w")["sha256"] == hashes["w"]
+    assert c.ok(cmd="hash", tag="kv")["sha256"] == hashes["kv"]  # preserved at swap-out

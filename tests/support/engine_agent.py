@@ -49,6 +49,8 @@ def parse_bytes(text: str) -> int:
 
 def status_doc(engine: Engine, allocator: SimAllocator) -> dict[str, Any]:
     return {
+        "recovering": engine.recovering,
+        "recovery_waiters": engine.recovery_waiters,
         "models": {s.name: as_dict(s) for s in engine.statuses()},
         "gpus": [
             {

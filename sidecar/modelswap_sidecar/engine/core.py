@@ -137,6 +137,7 @@ class Engine:
         self._gpu_locks = {g: threading.Lock() for g in self.budgets}
         self._recovered = threading.Event()
         self._recovered.set()
+        self._recovery_waiters = 0
         self.swapper = Swapper(self)
         self._stop = threading.Event()
         self._monitor = threading.Thread(
@@ -232,6 +233,10 @@ class Engine:
 
     def swap_out(self, name: str, reason: str = "") -> None:
         m = self.model(name)
+        # right after a restart the engine does not know yet which instances map chunks
+        # (they come back through readopt): a swap-out now would unmap nothing and report
+        # success while the clients, once readopted, still hold the memory
+        self._wait_recovered()
         with m.lock:
             self.swapper.swap_out_locked(m, reason)
 
@@ -565,7 +570,27 @@ class Engine:
         self._recovered.set()
 
     def _wait_recovered(self) -> None:
-        self._recovered.wait(self.settings.readopt_grace_seconds + 5)
+        """Block until every instance readopted or the grace period ended (no-op otherwise)."""
+        if self._recovered.is_set():
+            return
+        with self._mut:
+            self._recovery_waiters += 1
+        try:
+            self._recovered.wait(self.settings.readopt_grace_seconds + 5)
+        finally:
+            with self._mut:
+                self._recovery_waiters -= 1
+
+    @property
+    def recovering(self) -> bool:
+        """After a restart, until every instance readopted or the grace period ended."""
+        return not self._recovered.is_set()
+
+    @property
+    def recovery_waiters(self) -> int:
+        """Operations (swap-in, swap-out, attach) held until recovery ends."""
+        with self._mut:
+            return self._recovery_waiters
 
     def _resolve(self, m: ModelRecord) -> None:
         """Settle a model's state from what its clients readopted (recovery only)."""
