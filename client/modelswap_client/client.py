@@ -752,6 +752,7 @@ def attach(
     instance: str = "0",
     socket_path: str | None = None,
     mapper: str | Mapper = "sim",
+    device: int | str | None = None,
     timeout_seconds: float = 60.0,
     reconnect_timeout_seconds: float = 60.0,
     copy_piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
@@ -762,11 +763,15 @@ def attach(
     Each region is `restored` (its bytes came from the host store) or fresh (load it from
     the model source, then call `commit()`). Raises `ClientError` when the agent refuses
     (`NotVouched` for a process not vouched for as this model, `NoCapacity`, ...).
+    `device` goes to a mapper built by name (`cuda-vmm`, `managed`): the GPU's UUID as the
+    agent sends it (Triton parameter `modelswap.gpu_uuid`), resolved to this process's
+    ordinal; None: the mapper's default (ordinal 0).
     """
     path = socket_path or os.environ.get(SOCKET_ENV)
     if not path:
         raise ClientError(f"no agent socket: pass socket_path or set {SOCKET_ENV}")
-    backend = mapper if isinstance(mapper, Mapper) else get_mapper(mapper)
+    options = {} if device is None else {"device": device}
+    backend = mapper if isinstance(mapper, Mapper) else get_mapper(mapper, **options)
     att = Attachment(
         model,
         instance,
