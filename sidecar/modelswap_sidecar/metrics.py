@@ -21,6 +21,10 @@ Read at scrape time from a provider callable (state, not events):
     modelswap_model_resident_bytes / modelswap_model_host_bytes {uid,namespace,model}
     modelswap_kv_blocks{uid,namespace,model,tier}                   tier device|host
 
+Measured once at start (cuda-vmm's link probe; `register_link_metrics`):
+
+    modelswap_gpu_link_bytes_per_second{gpu,kind,direction}         direction h2d|d2h
+
 Every metric takes the registry it is given, so tests use a fresh `CollectorRegistry()`.
 """
 
@@ -30,12 +34,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -304,3 +310,24 @@ def metrics_app(registry: CollectorRegistry) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", serve)
     return app
+
+
+def register_link_metrics(
+    registry: CollectorRegistry, gpus: Sequence[str], links: Sequence[Any]
+) -> None:
+    """Each GPU's probed host link (`modelswap_api.models.Link`: kind, GB/s each way), in
+    bytes per second. GPUs without figures (sim without a configured rate, a failed probe)
+    get no sample."""
+    gauge = Gauge(
+        "modelswap_gpu_link_bytes_per_second",
+        "Host-GPU copy rate measured at agent start (pinned copies, link probe).",
+        ("gpu", "kind", "direction"),
+        registry=registry,
+    )
+    for uuid, link in zip(gpus, links, strict=True):
+        for direction, gbps in (
+            ("h2d", link.host_to_device_gbps),
+            ("d2h", link.device_to_host_gbps),
+        ):
+            if gbps is not None:
+                gauge.labels(uuid, link.kind or "unknown", direction).set(gbps * 1e9)

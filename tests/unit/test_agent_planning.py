@@ -146,7 +146,7 @@ def test_settings_read_once_with_defaults_and_overrides(tmp_path: Path) -> None:
         ({"gpus": [{"capacityBytes": "1.5Gi"}]}, "gpus[0].capacityBytes"),
         ({"triton": {"repository": "/r"}}, "triton.url"),
         ({"defaults": {"swapPolicy": {}}}, "defaults"),
-        ({"allocator": "cuda-vmm"}, "allocator"),
+        ({"allocator": "cuda"}, "allocator"),
     ],
 )
 def test_bad_settings_name_the_key(change: dict[str, Any], field: str) -> None:

@@ -1,13 +1,17 @@
 """How the agent is put together and run: one asyncio process.
 
-    engine (sim allocator, host store, Triton stub voucher) + its protocol server (threads)
+    allocator (sim | cuda-vmm | auto: `gpu_inventory`) and the GPUs it manages; in cuda-vmm
+    mode each GPU's link probed once (`gpu_links`, a short-lived child per GPU)
+    engine (allocator, host store, Triton stub voucher) + its protocol server (threads)
     source resolver + cache, Triton driver, metrics registry
     actuator (side effects) ← backend (NodeBackend) ← control service + aiohttp app
     policy loop, runtime watch, adoption of the models a previous agent held
 
 `run_agent(settings)` returns when SIGTERM or SIGINT arrives, after closing everything it
 opened. Triton itself is not started here: the supervisor (or local mode, or a test) runs
-it and tells the agent its pid through the pid source.
+it and tells the agent its pid through the pid source. A setting that cannot work here
+(cuda-vmm without a usable GPU, a kubeconfig that does not load) ends `run_agent` with one
+line on stderr naming it and status 2, before anything is started.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,18 +32,23 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from modelswap_api.models import Link
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.backend import AgentBackend
 from modelswap_sidecar.agent.cluster_heartbeat import node_heartbeat
 from modelswap_sidecar.agent.desired_file import load_entries
+from modelswap_sidecar.agent.errors import StartupError
 from modelswap_sidecar.agent.gateway_directory import AgentDirectory
+from modelswap_sidecar.agent.gpu_inventory import GpuInventory, build_allocator
+from modelswap_sidecar.agent.gpu_links import Prober, measure_links
+from modelswap_sidecar.agent.kube_access import api_client
 from modelswap_sidecar.agent.loading import ModelLoader
 from modelswap_sidecar.agent.loops import PolicyLoop, RuntimeWatch
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.agent.settings import AgentSettings
 from modelswap_sidecar.agent.tritonpid import TritonPidSource
-from modelswap_sidecar.allocators.sim import SimAllocator
+from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.app import start as start_control
 from modelswap_sidecar.control.auth import TokenFile
@@ -51,7 +61,7 @@ from modelswap_sidecar.engine.server import EngineServer, harden_process
 from modelswap_sidecar.gateway.app import make_app as make_gateway_app
 from modelswap_sidecar.gateway.app import start as start_gateway
 from modelswap_sidecar.gateway.settings import GatewaySettings
-from modelswap_sidecar.metrics import NodeMetrics, metrics_app
+from modelswap_sidecar.metrics import NodeMetrics, metrics_app, register_link_metrics
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.sources.cache import CacheSettings, SourceCache
@@ -72,7 +82,9 @@ ENDPOINTS_FILE = "agent.json"
 class Agent:
     settings: AgentSettings
     engine: Engine
-    allocator: SimAllocator
+    allocator: Allocator
+    inventory: GpuInventory
+    links: tuple[Link, ...]
     server: EngineServer
     driver: TritonDriver
     cache: SourceCache
@@ -84,28 +96,47 @@ class Agent:
     watch: RuntimeWatch
 
 
-def build_engine(settings: AgentSettings, voucher: TritonVoucher) -> tuple[Engine, SimAllocator]:
-    allocator = SimAllocator(
-        capacities_bytes=[g.capacity_bytes for g in settings.gpus],
-        pool_chunk_bytes=settings.pool_chunk_bytes,
-    )
+def build_engine(
+    settings: AgentSettings, voucher: TritonVoucher, allocator: Allocator, inventory: GpuInventory
+) -> Engine:
     store = HostStore(
         settings.host_store_dir,
-        dict.fromkeys(range(len(settings.gpus)), settings.host_store_capacity_bytes),
+        dict.fromkeys(range(len(inventory.gpus)), settings.host_store_capacity_bytes),
     )
     engine_settings = EngineSettings(
         drain_timeout_seconds=settings.policy.drain_timeout_seconds,
-        reserve_bytes={i: g.reserve_bytes for i, g in enumerate(settings.gpus)},
+        reserve_bytes=inventory.reserve_bytes,
         overhead_bytes_per_process=settings.overhead_bytes_per_process,
     )
     engine = Engine(allocator, store, voucher, engine_settings)
     engine.recover()  # a previous agent's models; their clients readopt within the grace
-    return engine, allocator
+    return engine
 
 
 @contextlib.asynccontextmanager
-async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
-    """Every part built and started; all of it closed on exit."""
+async def assembled(
+    settings: AgentSettings,
+    *,
+    choose: Callable[[str], str] | None = None,
+    cuda_options: dict[str, object] | None = None,
+    prober: Prober | None = None,
+) -> AsyncIterator[Agent]:
+    """Every part built and started; all of it closed on exit. `choose` (the `auto`
+    decision), `cuda_options` (to `CudaVmmAllocator`) and `prober` (the link probe) are
+    for tests. Raises `StartupError` naming the setting when the allocator cannot start."""
+    allocator, inventory = build_allocator(settings, choose=choose, cuda_options=cuda_options)
+    try:
+        links = await measure_links(settings, inventory, prober=prober)
+    except BaseException:
+        allocator.close()
+        raise
+    log.info(
+        "allocator %s (setting %s): %d GPU(s) %s",
+        inventory.backend,
+        settings.allocator,
+        len(inventory.gpus),
+        ", ".join(inventory.uuids),
+    )
     for folder in (settings.socket_dir, settings.state_dir):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings.socket_dir.chmod(0o755)  # stubs (another uid) reach the socket through it
@@ -113,7 +144,11 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
         pid_file=settings.triton.pid_file,
         supervisor_state_file=settings.triton.supervisor_state_file,
     )
-    engine, allocator = build_engine(settings, TritonVoucher(pid_source))
+    try:
+        engine = build_engine(settings, TritonVoucher(pid_source), allocator, inventory)
+    except BaseException:
+        allocator.close()
+        raise
     server = EngineServer(engine, settings.socket_path)
     server.start()
     repository = ModelRepository(settings.triton.repository)
@@ -138,15 +173,18 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
         resolver=SourceResolver(cache),
         socket_path=settings.socket_path,
         model_roots=settings.model_roots,
+        mapper=inventory.mapper,
+        gpu_uuids=inventory.uuids if inventory.backend != "sim" else (),
     )
     registry = CollectorRegistry()
     holder: dict[str, Actuator] = {}
     metrics = NodeMetrics(
         registry,
         lambda: reports.node_sample(
-            engine, list(holder["actuator"].records.values()), settings.gpu_uuids
+            engine, list(holder["actuator"].records.values()), inventory.uuids
         ),
     )
+    register_link_metrics(registry, inventory.uuids, links)
     policy = Policy(
         PolicySettings(
             high_watermark_fraction=settings.policy.high_watermark_fraction,
@@ -158,7 +196,7 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
         engine=engine,
         loader=loader,
         policy=policy,
-        gpu_uuids=settings.gpu_uuids,
+        gpu_uuids=inventory.uuids,
         metrics=metrics,
     )
     actuator.set_retry_seconds(settings.policy.retry_failed_seconds)
@@ -169,6 +207,10 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
         agent_version=settings.agent_version,
         defaults=settings.defaults,
         desired_file=settings.state_dir / DESIRED_FILE,
+        gpu_products=tuple(g.product for g in inventory.gpus)
+        if inventory.backend != "sim"
+        else None,
+        gpu_links=links if inventory.backend != "sim" else None,
     )
     service = ControlService(
         backend,
@@ -191,6 +233,8 @@ async def assembled(settings: AgentSettings) -> AsyncIterator[Agent]:
         settings=settings,
         engine=engine,
         allocator=allocator,
+        inventory=inventory,
+        links=links,
         server=server,
         driver=driver,
         cache=cache,
@@ -304,6 +348,26 @@ async def run_agent(settings: AgentSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        api = api_client(settings)  # cluster mode: a bad kubeconfig ends here, named
+    except StartupError as e:
+        return _refuse(e)
+    try:
+        return await _run(settings, stop, api)
+    except StartupError as e:
+        return _refuse(e)
+    finally:
+        if api is not None:
+            await asyncio.to_thread(api.close)
+
+
+def _refuse(error: StartupError) -> int:
+    log.error("agent not started: %s", error)
+    sys.stderr.write(f"modelswap sidecar: {error}\n")
+    return 2
+
+
+async def _run(settings: AgentSettings, stop: asyncio.Event, api: Any) -> int:
     async with assembled(settings) as agent:
         control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
         metrics_runner = None
@@ -328,10 +392,11 @@ async def run_agent(settings: AgentSettings) -> int:
             },
         )
         log.info(
-            "agent for node %s ready: control port %d, %d GPU(s)",
+            "agent for node %s ready: control port %d, %s allocator, %d GPU(s)",
             settings.node_name,
             _port_of(control),
-            len(settings.gpus),
+            agent.inventory.backend,
+            len(agent.inventory.gpus),
         )
         async with node_heartbeat(  # cluster mode only: SwapNode + node Lease
             settings,
@@ -339,6 +404,13 @@ async def run_agent(settings: AgentSettings) -> int:
             agent.service,
             control_port=_port_of(control),
             gateway_port=_port_of(gateway_runner) if gateway_runner else None,
+            links=agent.links if agent.inventory.backend != "sim" else None,
+            products=(
+                tuple(g.product for g in agent.inventory.gpus)
+                if agent.inventory.backend != "sim"
+                else None
+            ),
+            api=api,
         ):
             await stop.wait()
         log.info("stopping the agent")

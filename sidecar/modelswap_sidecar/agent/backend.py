@@ -25,6 +25,7 @@ from modelswap_api.control import (
     Outcome,
 )
 from modelswap_api.errors import PolicyError
+from modelswap_api.models import Link
 from modelswap_api.policy import EffectivePolicy, effective_policy
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
@@ -52,12 +53,17 @@ class AgentBackend:
         agent_version: str,
         defaults: Mapping[str, Any],
         desired_file: Path,
+        gpu_products: Sequence[str] | None = None,
+        gpu_links: Sequence[Link] | None = None,
     ) -> None:
         self.actuator = actuator
         self.node_name = node_name
         self.agent_version = agent_version
         self.defaults = defaults
         self.desired_file = desired_file
+        #: per GPU, for `GET /v1/node` (None: sim GPUs, link kind sim)
+        self.gpu_products = gpu_products
+        self.gpu_links = gpu_links
 
     @property
     def records(self) -> dict[str, AgentModel]:
@@ -153,7 +159,12 @@ class AgentBackend:
 
     async def node_info(self) -> NodeInfo:
         return reports.node_info(
-            self.actuator.engine, self.node_name, self.agent_version, self.actuator.gpu_uuids
+            self.actuator.engine,
+            self.node_name,
+            self.agent_version,
+            self.actuator.gpu_uuids,
+            products=self.gpu_products,
+            links=self.gpu_links,
         )
 
     async def models(self) -> Sequence[ModelInfo]:

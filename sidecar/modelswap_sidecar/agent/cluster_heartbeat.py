@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
+from modelswap_api.models import Link
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.node_report import NodeReporter, url
 from modelswap_sidecar.agent.settings import AgentSettings
@@ -81,7 +83,12 @@ async def node_heartbeat(
     *,
     control_port: int,
     gateway_port: int | None,
+    links: Sequence[Link] | None = None,
+    products: Sequence[str] | None = None,
+    api: Any = None,
 ) -> AsyncIterator[Heartbeat | None]:
+    """`links`/`products` per GPU (cuda-vmm: probed at start); None: sim links. `api`: an
+    API client built already (`kube_access.api_client`), else one is built here."""
     access = settings.kube
     if access is None or settings.local_mode:
         yield None
@@ -95,12 +102,15 @@ async def node_heartbeat(
         actuator,
         node_name=settings.node_name,
         agent_version=settings.agent_version,
-        link_gbps=await link_speeds(settings),
+        link_gbps=await link_speeds(settings) if links is None else (),
+        links=links,
+        products=products,
         control_endpoint=url(scheme, host, control_port),
         gateway_endpoint=url("http", host, gateway_port) if gateway_port else None,
     )
     kubeconfig = str(access.kubeconfig) if access.kubeconfig is not None else None
-    api = kube.api_client(kubeconfig)
+    if api is None:
+        api = kube.api_client(kubeconfig)
     heartbeat = Heartbeat(
         access.heartbeat,
         KubeNodeCluster(api, timeout_seconds=access.heartbeat.request_timeout_seconds),

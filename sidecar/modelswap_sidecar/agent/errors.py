@@ -2,6 +2,8 @@
 
 AgentError
 ├── SettingsError     the settings file or flags are unusable (names the key)
+├── StartupError      the settings cannot work on this machine (no CUDA GPU for cuda-vmm,
+│                     a kubeconfig that does not load); names the key; exit status 2
 └── LoadError         a model could not be loaded; `reason` is CamelCase (BadSource,
                       LoadFailed, NoRoom, ...) and the message names the field when
                       the spec is at fault
@@ -15,6 +17,10 @@ class AgentError(Exception):
 
 
 class SettingsError(AgentError):
+    pass
+
+
+class StartupError(AgentError):
     pass
 
 

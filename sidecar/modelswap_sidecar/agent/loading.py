@@ -98,6 +98,7 @@ class ModelLoader:
         socket_path: Path,
         model_roots: Mapping[str, Path],
         mapper: str = "sim",
+        gpu_uuids: tuple[str, ...] = (),
     ) -> None:
         self.engine = engine
         self.driver = driver
@@ -105,6 +106,8 @@ class ModelLoader:
         self.socket_path = socket_path
         self.model_roots = model_roots
         self.mapper = mapper
+        #: by engine GPU index; sent as `modelswap.gpu_uuid` (device mappers), none for sim
+        self.gpu_uuids = gpu_uuids
 
     async def resolve(self, model: AgentModel) -> Path:
         if model.resolved is None:
@@ -128,6 +131,7 @@ class ModelLoader:
             kv_cache_bytes=model.kv_cache_bytes,
             agent_socket=str(self.socket_path),
             mapper=self.mapper,
+            gpu_uuid=self.gpu_uuids[model.gpu] if model.gpu < len(self.gpu_uuids) else None,
         )
 
     async def load(self, model: AgentModel) -> None:

@@ -4,6 +4,7 @@ state sample, read from the records and the engine (no side effects)."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import cast
 
 from modelswap_api.control import ModelInfo, NodeInfo
@@ -106,8 +107,16 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
 
 
 def node_info(
-    engine: Engine, node_name: str, agent_version: str, gpu_uuids: tuple[str, ...]
+    engine: Engine,
+    node_name: str,
+    agent_version: str,
+    gpu_uuids: tuple[str, ...],
+    *,
+    products: Sequence[str] | None = None,
+    links: Sequence[Link] | None = None,
 ) -> NodeInfo:
+    """`products`/`links` per GPU (cuda-vmm: the device name and the probed link); without
+    them every GPU reads product `sim`, link kind `sim`."""
     gpus = []
     for ordinal, uuid in enumerate(gpu_uuids):
         view = engine.budget(ordinal)
@@ -115,14 +124,14 @@ def node_info(
             GpuStatus(
                 uuid=uuid,
                 ordinal=ordinal,
-                product="sim",
+                product=products[ordinal] if products is not None else "sim",
                 hbm_total_bytes=view.total_bytes,
                 hbm_reserved_bytes=view.reserve_bytes,
                 per_process_overhead_bytes=view.overhead_bytes_per_process,
                 hbm_free_bytes=view.available_bytes,
                 host_store_bytes=engine.store.used_bytes(ordinal),
                 host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
-                link=Link(kind="sim"),
+                link=links[ordinal] if links is not None else Link(kind="sim"),
             )
         )
     return NodeInfo(node_name=node_name, agent_version=agent_version, gpus=tuple(gpus))

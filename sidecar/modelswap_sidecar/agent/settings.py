@@ -3,11 +3,16 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
 
     nodeName: node-a
     localMode: false                # true: no fencing (no operator, no Lease)
-    allocator: sim
-    gpus:                           # sim backend: one entry per simulated GPU
+    allocator: sim                  # sim | cuda-vmm | auto (cuda-vmm when a capable GPU is
+                                    # present, else sim)
+    gpus:                           # sim: one entry per simulated GPU (capacityBytes needed);
+                                    # cuda-vmm: optional, the GPUs to manage by UUID and their
+                                    # reserves (none: every capable GPU, HBM totals from NVML)
       - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0,
-         linkGBps: null}            # reported link speed; null: measured at start
-    poolChunkBytes: 32Mi
+         linkGBps: null}            # sim link speed reported; null: measured at start
+    poolChunkBytes: 32Mi            # sim
+    cuda: {chunkBytes: 256Mi, maxChunkBytes: 1Gi,          # cuda-vmm only
+           linkProbe: true, linkProbeBytes: 256Mi, linkProbeTimeoutSeconds: 60}
     overheadBytesPerProcess: 0
     hostStore: {dir: /var/lib/modelswap/store, capacityBytes: 4Gi}     # per GPU
     socketDir: /run/modelswap
@@ -54,14 +59,31 @@ from modelswap_api.quantities import parse_bytes
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.heartbeat.settings import DEFAULT_LEASE_NAMESPACE, HeartbeatSettings
 
+ALLOCATORS = ("sim", "cuda-vmm", "auto")
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimGpu:
+    """One `gpus` entry: a simulated GPU (sim), or a real GPU chosen by UUID (cuda-vmm)."""
+
     uuid: str
-    capacity_bytes: int
+    #: sim only (required there); a real GPU's HBM total comes from NVML.
+    capacity_bytes: int | None = None
     reserve_bytes: int = 0
-    #: The host link speed reported in the SwapNode; None: measured once at start.
+    #: sim only: the host link speed reported in the SwapNode; None: measured once at start.
     link_gbps: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaSettings:
+    """The `cuda` section: the cuda-vmm allocator and its link probe."""
+
+    chunk_bytes: int = 256 << 20
+    max_chunk_bytes: int = 1 << 30
+    #: Measure each GPU's host link once at start (a short-lived child process).
+    link_probe: bool = True
+    link_probe_bytes: int = 256 << 20
+    link_probe_timeout_seconds: float = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +128,7 @@ class AgentSettings:
     allocator: str = "sim"
     gpus: tuple[SimGpu, ...]
     pool_chunk_bytes: int = 32 << 20
+    cuda: CudaSettings = CudaSettings()
     overhead_bytes_per_process: int = 0
     host_store_dir: Path
     host_store_capacity_bytes: int  # per GPU
@@ -187,22 +210,9 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     if not node_name:
         raise SettingsError("nodeName is required")
     allocator = str(_get(doc, "allocator", "sim"))
-    if allocator != "sim":
-        raise SettingsError(f"allocator: {allocator!r} is not supported by this agent yet (sim)")
-    raw_gpus = doc.get("gpus") or []
-    if not raw_gpus:
-        raise SettingsError("gpus: at least one GPU is required")
-    gpus = tuple(
-        SimGpu(
-            uuid=str(_get(g, "uuid", f"sim-gpu-{i}")),
-            capacity_bytes=_bytes(g, "capacityBytes", None, f"gpus[{i}]."),
-            reserve_bytes=_bytes(g, "reserveBytes", 0, f"gpus[{i}]."),
-            link_gbps=_positive(g, "linkGBps", f"gpus[{i}]."),
-        )
-        for i, g in enumerate(raw_gpus)
-    )
-    if len({g.uuid for g in gpus}) != len(gpus):
-        raise SettingsError("gpus: uuids must be unique")
+    if allocator not in ALLOCATORS:
+        raise SettingsError(f"allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
+    gpus = _gpus(doc.get("gpus"), allocator)
     store = _get(doc, "hostStore", {})
     cache = _get(doc, "sourceCache", {})
     control = _get(doc, "control", {})
@@ -225,6 +235,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         allocator=allocator,
         gpus=gpus,
         pool_chunk_bytes=_bytes(doc, "poolChunkBytes", 32 << 20, ""),
+        cuda=_cuda(doc.get("cuda")),
         overhead_bytes_per_process=_bytes(doc, "overheadBytesPerProcess", 0, ""),
         host_store_dir=_required_path(store, "dir", "hostStore."),
         host_store_capacity_bytes=_bytes(store, "capacityBytes", 4 << 30, "hostStore."),
@@ -264,6 +275,74 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
         kube=_kube(doc.get("kube"), str(node_name), local_mode=local_mode),
+    )
+
+
+def _gpus(raw: Any, allocator: str) -> tuple[SimGpu, ...]:
+    """The `gpus` list. sim: at least one, each with `capacityBytes`. cuda-vmm: optional
+    (which GPUs to manage, by UUID, and their reserves); `capacityBytes`/`linkGBps` are sim
+    figures and refused there. auto: either; `capacityBytes` is checked when auto falls back
+    to sim (`gpu_inventory`)."""
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise SettingsError("gpus: expected a list")
+    if not raw and allocator == "sim":
+        raise SettingsError("gpus: at least one GPU is required")
+    gpus = []
+    for i, g in enumerate(raw):
+        where = f"gpus[{i}]."
+        if not isinstance(g, Mapping):
+            raise SettingsError(f"gpus[{i}]: expected a mapping")
+        if allocator == "cuda-vmm":
+            for key in ("capacityBytes", "linkGBps"):
+                if g.get(key) is not None:
+                    raise SettingsError(
+                        f"{where}{key}: a sim figure; cuda-vmm reads HBM from NVML "
+                        "and measures the link"
+                    )
+            if not g.get("uuid"):
+                raise SettingsError(f"{where}uuid is required with allocator cuda-vmm")
+        gpus.append(
+            SimGpu(
+                uuid=str(_get(g, "uuid", f"sim-gpu-{i}")),
+                capacity_bytes=(
+                    _bytes(g, "capacityBytes", None, where)
+                    if allocator == "sim" or (allocator == "auto" and "capacityBytes" in g)
+                    else None
+                ),
+                reserve_bytes=_bytes(g, "reserveBytes", 0, where),
+                link_gbps=_positive(g, "linkGBps", where),
+            )
+        )
+    if len({g.uuid.lower() for g in gpus}) != len(gpus):
+        raise SettingsError("gpus: uuids must be unique")
+    return tuple(gpus)
+
+
+def _cuda(doc: Any) -> CudaSettings:
+    if doc is None:
+        return CudaSettings()
+    if not isinstance(doc, Mapping):
+        raise SettingsError("cuda: expected a mapping")
+    granule = 2 << 20
+    sizes = {}
+    for key, default in (("chunkBytes", 256 << 20), ("maxChunkBytes", 1 << 30)):
+        value = _bytes(doc, key, default, "cuda.")
+        if value <= 0 or value % granule:
+            raise SettingsError(f"cuda.{key}: {value} is not a positive multiple of 2Mi")
+        sizes[key] = value
+    if sizes["chunkBytes"] > sizes["maxChunkBytes"]:
+        raise SettingsError("cuda.chunkBytes: larger than cuda.maxChunkBytes")
+    probe_bytes = _bytes(doc, "linkProbeBytes", 256 << 20, "cuda.")
+    if probe_bytes <= 0:
+        raise SettingsError("cuda.linkProbeBytes: must be positive")
+    return CudaSettings(
+        chunk_bytes=sizes["chunkBytes"],
+        max_chunk_bytes=sizes["maxChunkBytes"],
+        link_probe=bool(_get(doc, "linkProbe", True)),
+        link_probe_bytes=probe_bytes,
+        link_probe_timeout_seconds=_positive(doc, "linkProbeTimeoutSeconds", "cuda.") or 60.0,
     )
 
 

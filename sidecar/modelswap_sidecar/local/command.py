@@ -55,6 +55,12 @@ def register_up(subparsers: Any) -> None:
         metavar="BYTES",
         help="capacity of one sim GPU (repeat for more; default 240Mi)",
     )
+    up.add_argument(
+        "--allocator",
+        choices=("auto", "sim", "cuda-vmm"),
+        default="auto",
+        help="the agent's GPU memory backend (auto: cuda-vmm when a capable GPU is present)",
+    )
     up.add_argument("--triton-binary", type=Path)
     up.add_argument("--log-level", default="info")
     up.set_defaults(handler=run_up_command)
@@ -111,6 +117,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         gateway_host=args.host,
         gateway_port=args.port,
         sim_gpu_bytes=gpus,
+        allocator=args.allocator,
         log_level=args.log_level,
     )
 

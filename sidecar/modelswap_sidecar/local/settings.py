@@ -10,6 +10,8 @@ and the agent's settings document built from them (pure).
     gateway             --host 127.0.0.1, --port 8080 (0: any free port)
     simGpuBytes         --sim-gpu-bytes 240Mi (repeat for more sim GPUs): one sim GPU that
                         holds two of the three example models, so they compete
+    allocator           --allocator auto|sim|cuda-vmm (auto: cuda-vmm when a driver and a
+                        GPU with VMM + POSIX-fd handles are present, else sim)
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class LocalSettings:
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     sim_gpu_bytes: tuple[int, ...] = (DEFAULT_SIM_GPU_BYTES,)
+    #: "auto" | "sim" | "cuda-vmm"; `run_up` resolves auto before writing the agent's file.
+    allocator: str = "auto"
     host_store_bytes: int = 4 << 30
     pool_chunk_bytes: int = 32 * MIB
     #: How often the folder is looked at for edits.
@@ -59,17 +63,21 @@ def agent_document(
     control_port: int,
     gateway_port: int,
     metrics_port: int,
+    allocator: str = "sim",
 ) -> dict[str, Any]:
-    """The agent's settings (see `agent/settings.py`) for local mode."""
+    """The agent's settings (see `agent/settings.py`) for local mode. `allocator` is the
+    resolved backend: sim GPUs from `sim_gpu_bytes`, or cuda-vmm over every capable GPU."""
     run = settings.run_dir
+    gpus = (
+        [{"uuid": f"sim-gpu-{i}", "capacityBytes": b} for i, b in enumerate(settings.sim_gpu_bytes)]
+        if allocator == "sim"
+        else []
+    )
     return {
         "nodeName": settings.node_name,
         "localMode": True,
-        "allocator": "sim",
-        "gpus": [
-            {"uuid": f"sim-gpu-{i}", "capacityBytes": b}
-            for i, b in enumerate(settings.sim_gpu_bytes)
-        ],
+        "allocator": allocator,
+        "gpus": gpus,
         "poolChunkBytes": settings.pool_chunk_bytes,
         "hostStore": {"dir": str(run.host_store), "capacityBytes": settings.host_store_bytes},
         "socketDir": str(run.socket_dir),

@@ -100,10 +100,11 @@ def clean_run_dir(settings: LocalSettings) -> None:
 
 def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
     check_not_running(settings)
-    backend = choose_allocator_backend("auto")
-    if backend != "sim":
+    backend = choose_allocator_backend(settings.allocator)  # auto: logs what it found
+    if backend == "cuda-vmm":
         log.warning(
-            "a GPU is present (%s), but the agent runs only the sim backend for now", backend
+            "allocator cuda-vmm: model memory is GPU memory; the examples' models read it "
+            "through host (numpy) views and need --allocator sim"
         )
     token = prepare_run_dir(settings)
     run = settings.run_dir
@@ -118,6 +119,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         control_port=control_port,
         gateway_port=gateway_port,
         metrics_port=metrics_port,
+        allocator=backend,
     )
     run.agent_settings.write_text(yaml.safe_dump(document, sort_keys=False))
     supervisor_settings = SupervisorSettings(

@@ -41,6 +41,9 @@ WEIGHTS_BYTES_KEY = "modelswap.weights_bytes"
 KV_CACHE_BYTES_KEY = "modelswap.kv_cache_bytes"
 AGENT_SOCKET_KEY = "modelswap.agent_socket"
 MAPPER_KEY = "modelswap.mapper"
+#: The GPU's UUID (device mappers only: the model process resolves it to its own ordinal,
+#: `CudaVmmMapper(device=…)`); absent for sim.
+GPU_UUID_KEY = "modelswap.gpu_uuid"
 PARAMETER_KEYS = (
     UID_KEY,
     GPU_ORDINAL_KEY,
@@ -48,6 +51,7 @@ PARAMETER_KEYS = (
     KV_CACHE_BYTES_KEY,
     AGENT_SOCKET_KEY,
     MAPPER_KEY,
+    GPU_UUID_KEY,
 )
 
 ModelConfig = model_config_pb2.ModelConfig
@@ -63,6 +67,8 @@ class ModelswapParameters:
     kv_cache_bytes: int
     agent_socket: str
     mapper: str = "sim"
+    #: The GPU by UUID, for device mappers (their processes may number GPUs differently).
+    gpu_uuid: str | None = None
     #: More `modelswap.<key>` parameters (keys without the prefix), e.g. KV tier settings.
     extra: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -75,6 +81,8 @@ class ModelswapParameters:
             AGENT_SOCKET_KEY: self.agent_socket,
             MAPPER_KEY: self.mapper,
         }
+        if self.gpu_uuid is not None:
+            values[GPU_UUID_KEY] = self.gpu_uuid
         for key, value in self.extra.items():
             full = PARAMETER_PREFIX + key
             if full in values:
