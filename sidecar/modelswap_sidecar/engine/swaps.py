@@ -318,7 +318,7 @@ class Swapper:
             raise WrongState(f"model {m.name} has no connected instance to swap into")
         started = time.perf_counter()
         m.epoch += 1
-        # not persisted: until RESIDENT the state file keeps SWAPPED_OUT, which is what a
+        # not persisted: until the restore the state file keeps SWAPPED_OUT, which is what a
         # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
         e.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
@@ -333,7 +333,10 @@ class Swapper:
         m.last_swap_in_seconds = time.perf_counter() - started
         m.last_swap_in_copy = CopyReport.from_replies(list(replies.values()))
         m.last_used = time.monotonic()
-        e.set_state(m, S.RESIDENT, "swapped in")
+        # not persisted: the state file was written during the restore with the instances
+        # mapped, which is all a restarted agent needs (it resolves RESIDENT from readopt);
+        # the next write records RESIDENT and the swap-in count
+        e.set_state(m, S.RESIDENT, "swapped in", persist=False)
 
     def reload_locked(self, m: ModelRecord) -> None:
         """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads
@@ -424,7 +427,7 @@ class Swapper:
             if track_states:  # mid-swap-in states, not persisted either
                 e.set_state(m, S.MAPPED, persist=False)
                 e.set_state(m, S.RESTORING, persist=False)
-            results = self._restore(m, instances)
+            results = self._restore(m, instances, persist_while_copying=track_states)
         except BaseException:
             for lst2 in made.values():
                 self.release_chunks(m, lst2)
@@ -435,16 +438,23 @@ class Swapper:
                 for inst in mapped:
                     self.release_instance(m, inst)
             raise
+        stale = False
         for inst in instances:  # HBM holds the newest KV now; the saved copy is stale
             for r in inst.regions.values():
                 if r.kv_file is not None:
                     e.store.delete(r.kv_file)
                     r.kv_file = None
+                    stale = True
+        if stale and track_states:  # the file written during the restore names it
+            e.persist()
         return results
 
     def _restore(
-        self, m: ModelRecord, instances: list[InstanceRecord]
+        self, m: ModelRecord, instances: list[InstanceRecord], *, persist_while_copying: bool
     ) -> dict[str, dict[str, Any]]:
+        """Send `restore` to every instance and wait for them to copy. With
+        `persist_while_copying`, the state file (instances mapped, RESTORING) is written
+        while the clients copy, so the swap-in's only state-file write costs it nothing."""
         e = self.engine
         bodies: dict[str, dict[str, Any]] = {}
         fds: dict[str, list[int]] = {}
@@ -496,6 +506,11 @@ class Swapper:
             for lst in fds.values():
                 for fd in lst:
                     e.close_fd(fd)
+        if persist_while_copying:
+            # crash-safe: a restarted agent that finds instances marked mapped waits for
+            # them to readopt and settles the model from what they hold (a client whose
+            # restore did not finish unmaps first and comes back swapped out)
+            e.persist()
         deadline = time.monotonic() + e.settings.client_timeout_seconds
         for inst, p in pending:
             try:
