@@ -362,7 +362,7 @@ async def run_agent(settings: AgentSettings) -> int:
 
 
 def _refuse(error: StartupError) -> int:
-    log.error("agent not started: %s", error)
+    """One line on stderr (no log record: the same words twice would only confuse)."""
     sys.stderr.write(f"modelswap sidecar: {error}\n")
     return 2
 
