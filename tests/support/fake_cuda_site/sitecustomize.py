@@ -25,8 +25,8 @@ def _install() -> None:
     gpus = os.environ.get("MODELSWAP_FAKE_CUDA_GPUS")
     if not gpus:
         return
-    from tests.support.fake_cuda.api import install  # noqa: PLC0415
-    from tests.support.fake_cuda.world import MIB, FakeCuda  # noqa: PLC0415
+    from tests.support.fake_cuda.api import install
+    from tests.support.fake_cuda.world import MIB, FakeCuda
 
     fake = FakeCuda(
         major=int(os.environ.get("MODELSWAP_FAKE_CUDA_MAJOR", "13")),
