@@ -228,6 +228,8 @@ def test_node_children_carry_triton_command_shm_cleanup_and_agent_environment(
 
     assert runtime.run_as == RunAs(uid=1001, gid=1002, groups=(1002,))
     assert "USER" not in runtime.env and TRITON_HTTP_ENV not in runtime.env
+    # Agent and Triton number GPUs alike (the agent pins Triton's instances to ordinals).
+    assert agent.env["CUDA_DEVICE_ORDER"] == runtime.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     argv = runtime.argv
     assert argv[0] == "/opt/tritonserver/bin/tritonserver"
     assert "--model-control-mode=explicit" in argv and "--http-port=9000" in argv

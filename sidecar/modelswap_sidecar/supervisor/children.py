@@ -9,6 +9,10 @@ The agent's environment gets, on top of the supervisor's and its configured addi
     MODELSWAP_TRITON_GRPC_ADDRESS   host:port of Triton's gRPC API
     MODELSWAP_SUPERVISOR_STATE_FILE the supervisor's state file (Triton's pid, restarts)
 
+Both children run with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so the agent (which keys GPUs by
+UUID and maps them to ordinals in that order) and Triton (whose instance groups are pinned
+to those ordinals) number the GPUs alike; CUDA's default order is fastest-first.
+
 Triton's command line is `triton.process.triton_command` with the configured ports and
 one shm region prefix for the supervisor's lifetime; its cleanup removes the regions with
 that prefix after every Triton exit (and once before the first start).
@@ -20,6 +24,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from modelswap_sidecar.gpu.devices import DEVICE_ORDER
 from modelswap_sidecar.supervisor.identity import (
     Identity,
     UserDatabase,
@@ -35,6 +40,7 @@ RUNTIME = "runtime"
 TRITON_HTTP_ENV = "MODELSWAP_TRITON_HTTP_ADDRESS"
 TRITON_GRPC_ENV = "MODELSWAP_TRITON_GRPC_ADDRESS"
 STATE_FILE_ENV = "MODELSWAP_SUPERVISOR_STATE_FILE"
+DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ def node_children(
     shm_prefix = runtime.shm_prefix or shm_prefix_factory()
     host = runtime.triton.host
     supervisor_env = {
+        DEVICE_ORDER_ENV: DEVICE_ORDER,
         TRITON_HTTP_ENV: f"{host}:{runtime.ports.http}",
         TRITON_GRPC_ENV: f"{host}:{runtime.ports.grpc}",
     }
@@ -92,7 +99,7 @@ def node_children(
         tuple(triton_command(runtime.triton, runtime.ports, shm_prefix=shm_prefix)),
         runtime,
         plan.runtime,
-        {**environ, **runtime.env},
+        {**environ, **runtime.env, DEVICE_ORDER_ENV: DEVICE_ORDER},
         cleanup=functools.partial(_remove_regions, shm_prefix),
     )
     return NodeChildren(agent=agent, runtime=triton, shm_prefix=shm_prefix, notes=plan.notes)
