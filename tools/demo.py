@@ -455,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     command = [
         sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
         "--model-root", str(EXAMPLES / "models"), "--run-dir", str(run_dir), "--port", "0",
+        # The example models read their weights through host views: sim GPUs even where a
+        # real one is present.
+        "--allocator", "sim",
     ]  # fmt: skip
     print(f"modelswap demo: starting local mode (log: {log_path})", flush=True)
     with log_path.open("wb") as log:
