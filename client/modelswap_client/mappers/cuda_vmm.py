@@ -32,12 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from modelswap_client import cuda_compat as cc
 from modelswap_client.mappers import _host_files
+from modelswap_client.mappers._events import RecordedEvent
 from modelswap_client.mappers.base import (
     GRANULARITY_BYTES,
     CopyError,
@@ -86,58 +86,31 @@ def resolve_device(b: cc.Bindings, device: int | str) -> int:
     raise MapperError(f"GPU {device} is not visible to this process ({count} visible)")
 
 
-class CudaCopyEvent(CopyEvent):
+class CudaCopyEvent(RecordedEvent):
     """A `cuEvent` recorded after one copy's pieces. Destroyed once it has been seen done."""
 
     def __init__(self, mapper: CudaVmmMapper, event: Any, what: str) -> None:
+        super().__init__(event, what)
         self._mapper = mapper
-        self._event: Any | None = event
-        self._what = what
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
 
-    def _finish(self, error: BaseException | None) -> None:
-        """Called with `_lock` held, or by the mapper's synchronize."""
-        if self._event is None:
-            return
-        self._error = error
-        event, self._event = self._event, None
+    def _query(self, event: Any) -> tuple[bool, BaseException | None]:
+        b = self._mapper._b
+        self._mapper._current()
+        result = b.driver.cuEventQuery(event)
+        code = cc.code_of(result)
+        if code == cc.CUDA_ERROR_NOT_READY:
+            return False, None
+        return True, None if code == cc.CUDA_SUCCESS else _copy_error(b, "cuEventQuery", result)
+
+    def _synchronize(self, event: Any) -> BaseException | None:
+        b = self._mapper._b
+        self._mapper._current()
+        result = b.driver.cuEventSynchronize(event)
+        ok = cc.code_of(result) == cc.CUDA_SUCCESS
+        return None if ok else _copy_error(b, "cuEventSynchronize", result)
+
+    def _release(self, event: Any) -> None:
         self._mapper._event_done(self, event)
-
-    def query(self) -> bool:
-        with self._lock:
-            if self._event is None:
-                return True
-            b = self._mapper._b
-            self._mapper._current()
-            result = b.driver.cuEventQuery(self._event)
-            code = cc.code_of(result)
-            if code == cc.CUDA_ERROR_NOT_READY:
-                return False
-            error = None if code == cc.CUDA_SUCCESS else _copy_error(b, "cuEventQuery", result)
-            self._finish(error)
-            return True
-
-    def wait(self, timeout_seconds: float | None = None) -> None:
-        if timeout_seconds is None:
-            with self._lock:
-                if self._event is not None:
-                    b = self._mapper._b
-                    self._mapper._current()
-                    result = b.driver.cuEventSynchronize(self._event)
-                    ok = cc.code_of(result) == cc.CUDA_SUCCESS
-                    self._finish(None if ok else _copy_error(b, "cuEventSynchronize", result))
-        else:
-            deadline = time.monotonic() + timeout_seconds
-            delay = 50e-6
-            while not self.query():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self._what} still running after {timeout_seconds}s")
-                time.sleep(min(delay, remaining))  # polling the GPU, not synchronizing tests
-                delay = min(delay * 2, 5e-3)
-        if self._error is not None:
-            raise CopyError(f"{self._what} failed: {self._error}") from self._error
 
 
 def _copy_error(b: cc.Bindings, call: str, result: Any) -> cc.CudaError:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Any
 
 from modelswap_client import cuda_compat as cc
 from modelswap_client.mappers import _host_files
+from modelswap_client.mappers._events import RecordedEvent
 from modelswap_client.mappers.base import (
     GRANULARITY_BYTES,
     CopyError,
@@ -42,54 +42,28 @@ MIB = 1 << 20
 _NO_FDS = "managed memory cannot be shared with another process (no fds, no mappings)"
 
 
-class _RtEvent(CopyEvent):
+class _RtEvent(RecordedEvent):
     """A runtime event recorded after a copy or prefetch."""
 
     def __init__(self, mapper: ManagedMapper, event: Any, what: str) -> None:
+        super().__init__(event, what)
         self._mapper = mapper
-        self._event: Any | None = event
-        self._what = what
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
 
-    def _finish(self, error: BaseException | None) -> None:
-        if self._event is None:
-            return
-        self._error = error
-        event, self._event = self._event, None
+    def _query(self, event: Any) -> tuple[bool, BaseException | None]:
+        result = self._mapper._rt.cudaEventQuery(event)
+        code = cc.code_of(result)
+        if code == cc.CUDA_RT_ERROR_NOT_READY:
+            return False, None
+        ok = code == cc.CUDA_SUCCESS
+        return True, None if ok else self._mapper._err("cudaEventQuery", result)
+
+    def _synchronize(self, event: Any) -> BaseException | None:
+        result = self._mapper._rt.cudaEventSynchronize(event)
+        ok = cc.code_of(result) == cc.CUDA_SUCCESS
+        return None if ok else self._mapper._err("cudaEventSynchronize", result)
+
+    def _release(self, event: Any) -> None:
         self._mapper._event_done(self, event)
-
-    def query(self) -> bool:
-        with self._lock:
-            if self._event is None:
-                return True
-            result = self._mapper._rt.cudaEventQuery(self._event)
-            code = cc.code_of(result)
-            if code == cc.CUDA_RT_ERROR_NOT_READY:
-                return False
-            self._finish(
-                None if code == cc.CUDA_SUCCESS else self._mapper._err("cudaEventQuery", result)
-            )
-            return True
-
-    def wait(self, timeout_seconds: float | None = None) -> None:
-        if timeout_seconds is None:
-            with self._lock:
-                if self._event is not None:
-                    result = self._mapper._rt.cudaEventSynchronize(self._event)
-                    ok = cc.code_of(result) == cc.CUDA_SUCCESS
-                    self._finish(None if ok else self._mapper._err("cudaEventSynchronize", result))
-        else:
-            deadline = time.monotonic() + timeout_seconds
-            delay = 50e-6
-            while not self.query():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self._what} still running after {timeout_seconds}s")
-                time.sleep(min(delay, remaining))  # polling the GPU
-                delay = min(delay * 2, 5e-3)
-        if self._error is not None:
-            raise CopyError(f"{self._what} failed: {self._error}") from self._error
 
 
 class ManagedMapper(Mapper):
