@@ -6,10 +6,7 @@ clients' /proc/<pid>/maps and fstat of the memfds the agent holds.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +17,7 @@ from tests.support.engine_procs import (
     Procs,
     memfd_fd_inodes,
     memfd_mappings,
+    shm_procs,
     wait_for,
 )
 
@@ -29,13 +27,8 @@ REGIONS = [["w", 6 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    workdir = Path(tempfile.mkdtemp(prefix="modelswap-faults-", dir="/dev/shm"))
-    p = Procs(workdir)
-    try:
+    with shm_procs("modelswap-faults-") as p:
         yield p
-    finally:
-        p.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def loaded(

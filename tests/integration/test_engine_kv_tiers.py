@@ -3,14 +3,11 @@ an agent-owned host-store file, and the HBM budget does not grow with sequence l
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.engine_procs import Procs, mappings, memfd_mappings, open_files
+from tests.support.engine_procs import Procs, mappings, memfd_mappings, open_files, shm_procs
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -20,13 +17,8 @@ REGIONS = [["w", 4 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    workdir = Path(tempfile.mkdtemp(prefix="modelswap-kv-", dir="/dev/shm"))
-    p = Procs(workdir)
-    try:
+    with shm_procs("modelswap-kv-") as p:
         yield p
-    finally:
-        p.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def inside(address: int, ranges: list[tuple[int, int]]) -> bool:

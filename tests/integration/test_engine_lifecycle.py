@@ -7,8 +7,6 @@ the host-store folder itself.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from tests.support.engine_procs import (
     memfd_fd_inodes,
     memfd_mappings,
     open_files,
+    shm_procs,
     wait_for,
 )
 
@@ -31,13 +30,8 @@ REGIONS = [["w", 4 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    workdir = Path(tempfile.mkdtemp(prefix="modelswap-lifecycle-", dir="/dev/shm"))
-    p = Procs(workdir)
-    try:
+    with shm_procs("modelswap-lifecycle-") as p:
         yield p
-    finally:
-        p.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def loaded(procs: Procs, agent: AgentProc, model: str, seed: int) -> tuple[ClientProc, str]:

@@ -4,28 +4,20 @@ client heartbeats (recorded, logged when missing, nothing else)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.engine_procs import AgentProc, Procs, wait_for
+from tests.support.engine_procs import AgentProc, Procs, shm_procs, wait_for
 
 MIB = 1 << 20
 
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    workdir = Path(tempfile.mkdtemp(prefix="modelswap-overhead-", dir="/dev/shm"))
-    p = Procs(workdir)
-    try:
+    with shm_procs("modelswap-overhead-") as p:
         yield p
-    finally:
-        p.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def gpu0(agent: AgentProc) -> dict[str, int]:

@@ -6,11 +6,8 @@ Models are a few MiB; the HBM budget is small enough that they compete for it.
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +19,7 @@ from tests.support.engine_procs import (
     memfd_fd_inodes,
     memfd_mappings,
     open_files,
+    shm_procs,
     wait_for,
 )
 
@@ -30,13 +28,8 @@ MIB = 1 << 20
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    workdir = Path(tempfile.mkdtemp(prefix="modelswap-engine-", dir="/dev/shm"))
-    p = Procs(workdir)
-    try:
+    with shm_procs("modelswap-engine-") as p:
         yield p
-    finally:
-        p.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def load(  # noqa: PLR0917 - a test helper read positionally

@@ -1,6 +1,7 @@
 """Test-side handles on engine agent and client processes (each in its own process group).
 
-Every process started here is killed as a group by `Procs.cleanup()`; a fixture calls it.
+Every process started here is killed as a group by `Procs.cleanup()`; `shm_procs` calls
+it (and removes the work folder) for the tests' fixtures.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +196,18 @@ class Procs:
     def cleanup(self) -> None:
         for p in reversed(self.all):
             p.close()
+
+
+@contextlib.contextmanager
+def shm_procs(prefix: str) -> Iterator[Procs]:
+    """`Procs` working in a fresh /dev/shm folder; processes killed, folder removed after."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    p = Procs(workdir)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # -- independent checks through /proc ---------------------------------------------------
