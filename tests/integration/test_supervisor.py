@@ -23,13 +23,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from modelswap_sidecar.supervisor.processes import group_members
-from modelswap_sidecar.triton.process import pick_ports, remove_shm_regions, shm_regions
+from modelswap_sidecar.triton.process import pick_ports, shm_regions
 from tests.support.engine_procs import wait_for
+from tests.support.supervisor_state import SupervisorHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -85,16 +85,13 @@ def proc_status(pid: int) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
 
 
-class Node:
+class Node(SupervisorHandle):
     """One `modelswap node` under test; `close()` leaves nothing running."""
 
     def __init__(self, folder: Path, shm_prefix: str) -> None:
+        super().__init__(folder / "state.json", shm_prefix)
         self.dir = folder
-        self.shm_prefix = shm_prefix
-        self.state_file = folder / "state.json"
         self.log = folder / "supervisor.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.pgids: set[int] = set()
 
     def start(self, *args: str, agent: str = FAKE_AGENT, triton: Path | None = None,
               env: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -125,20 +122,6 @@ class Node:
                 start_new_session=True,
             )
 
-    def state(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        for child in data.get("children", {}).values():
-            if child["pid"]:
-                self.pgids.add(child["pid"])  # each child leads its own group
-        return data
-
-    def child(self, name: str) -> dict[str, Any]:
-        child: dict[str, Any] = self.state().get("children", {}).get(name, {})
-        return child
-
     def running_pid(self, name: str, *, not_pid: int | None = None, timeout: float = 10.0) -> int:
         def ready() -> int | None:
             pid = self.child(name).get("pid")
@@ -165,21 +148,7 @@ class Node:
         return "\n--- supervisor log ---\n" + text[-4000:]
 
     def close(self) -> None:
-        """Stop the supervisor as a kubelet would (it reaps its children); SIGKILL all
-        groups only if it does not exit in time."""
-        self.state()
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=15)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for pgid in self.pgids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        remove_shm_regions(self.shm_prefix)
+        self.kill_all(term_timeout_s=15)
 
 
 @pytest.fixture

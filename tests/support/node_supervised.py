@@ -9,7 +9,6 @@ ever reported; Triton's shm regions with this run's prefix are removed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,12 +17,12 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from modelswap_sidecar.triton.naming import triton_model_name
-from modelswap_sidecar.triton.process import pick_ports, remove_shm_regions
+from modelswap_sidecar.triton.process import pick_ports
 from modelswap_sidecar.triton.stubs import descendant_stub_pids
 from tests.support.agent_harness import ROOT, Agent, AgentConfig, Control, Models, eventually
+from tests.support.supervisor_state import SupervisorHandle
 from tests.support.triton_server import tritonserver_binary
 
 
@@ -36,12 +35,12 @@ class TritonAddress:
     pid_file: Path  # unused: the agent reads the supervisor's state file
 
 
-class SupervisedNode:
+class SupervisedNode(SupervisorHandle):
     def __init__(self, workdir: Path, config: AgentConfig | None = None) -> None:
+        shm_prefix = f"triton_python_backend_shm_region_msnode{uuid.uuid4().hex[:10]}_"
+        super().__init__(workdir / "supervisor.json", shm_prefix)
         self.dir = workdir
-        self.state_file = workdir / "supervisor.json"
         self.log_path = workdir / "supervisor.log"
-        self.shm_prefix = f"triton_python_backend_shm_region_msnode{uuid.uuid4().hex[:10]}_"
         self.ports = pick_ports(metrics=False)
         repository = workdir / "repository"
         repository.mkdir(parents=True, exist_ok=True)
@@ -63,8 +62,6 @@ class SupervisedNode:
         self.agent = Agent(workdir, self.triton, config)  # type: ignore[arg-type]
         self.control = Control(self.agent.base_url)
         self.models = Models(self.triton)  # type: ignore[arg-type]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.pgids: set[int] = set()
 
     # -- running it -----------------------------------------------------------------------
 
@@ -94,20 +91,6 @@ class SupervisedNode:
             )
         await self.agent_serving()
         await self.triton_ready()
-
-    def state(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        for child in data.get("children", {}).values():
-            if child.get("pid"):
-                self.pgids.add(child["pid"])  # each child leads its own group
-        return data
-
-    def child(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.state().get("children", {}).get(name, {})
-        return found
 
     def _check_running(self) -> None:
         assert self.proc is not None
@@ -170,16 +153,4 @@ class SupervisedNode:
     async def close(self) -> None:
         await self.control.close()
         await self.models.close()
-        self.state()
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=20)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for pgid in self.pgids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        remove_shm_regions(self.shm_prefix)
+        self.kill_all(term_timeout_s=20)
