@@ -39,7 +39,24 @@ class _Kubeconfig:
         self._dir.cleanup()
 
 
-class EmulatorThread:
+class _HoldsKubeconfig:
+    """What both ways of hosting hand a test: the kubeconfig file and a private home."""
+
+    _files: _Kubeconfig | None = None
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        assert self._files is not None
+        return self._files.path
+
+    @property
+    def home(self) -> Path:
+        """A private folder for tools' caches (kubectl's discovery cache)."""
+        assert self._files is not None
+        return self._files.dir
+
+
+class EmulatorThread(_HoldsKubeconfig):
     """`with EmulatorThread(manifests=[crd_path]) as api:` → `api.url`, `api.kubeconfig_path`,
     `api.emulator` (touch its state only through `api.call`). Keyword arguments other than
     `manifests` go to `KubeEmulator`."""
@@ -107,19 +124,8 @@ class EmulatorThread:
         assert self.emulator is not None
         return self.emulator.token
 
-    @property
-    def kubeconfig_path(self) -> Path:
-        assert self._files is not None
-        return self._files.path
 
-    @property
-    def home(self) -> Path:
-        """A private folder for tools' caches (kubectl's discovery cache)."""
-        assert self._files is not None
-        return self._files.dir
-
-
-class EmulatorProcess:
+class EmulatorProcess(_HoldsKubeconfig):
     """`with EmulatorProcess(manifests=[crd_path]) as api:` → a subprocess emulator, in its
     own process group, killed (group) on exit; `api.kubeconfig_path` for other processes."""
 
@@ -193,13 +199,3 @@ class EmulatorProcess:
     def pid(self) -> int:
         assert self._proc is not None
         return self._proc.pid
-
-    @property
-    def kubeconfig_path(self) -> Path:
-        assert self._files is not None
-        return self._files.path
-
-    @property
-    def home(self) -> Path:
-        assert self._files is not None
-        return self._files.dir
