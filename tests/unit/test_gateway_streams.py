@@ -4,17 +4,15 @@ loopback, with a fake Triton whose token stream the test paces."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import FakeDirectory, ServedGateway, route, served_gateway, until
-from tests.support.gateway_upstream import FakeTriton, fake_triton
+from tests.support.gateway_fakes import route, until
+from tests.support.gateway_world import GatewayWorld, gateway_world
 
 CHAT_A = route("chat", "team-a", decoupled=True)
 CHAT_B = route("chat", "team-b", decoupled=True)
@@ -23,34 +21,13 @@ ALL = (CHAT_A, CHAT_B, BERT)
 HOST_A = {"Host": "chat.team-a.svc.cluster.local"}
 
 
-@dataclass
-class World:
-    triton: FakeTriton
-    directory: FakeDirectory
-    served: ServedGateway
-    http: aiohttp.ClientSession
-
+class World(GatewayWorld):
     def url(self, path: str) -> str:
         return self.served.url + path
 
 
-@contextlib.asynccontextmanager
-async def world(*, resident: bool = True, **settings: Any) -> AsyncIterator[World]:
-    async with fake_triton() as triton:
-        directory = FakeDirectory(ALL, resident=[r.uid for r in ALL] if resident else ())
-        triton.loaded = {r.triton_name for r in ALL} if resident else set()
-
-        async def load(uid: str) -> None:
-            loaded = directory.table.by_uid(uid)
-            assert loaded is not None
-            triton.loaded.add(loaded.triton_name)
-
-        directory.action = load
-        async with (
-            served_gateway(directory, triton.url, **settings) as served,
-            aiohttp.ClientSession() as http,
-        ):
-            yield World(triton, directory, served, http)
+def world(*, resident: bool = True, **settings: Any) -> AbstractAsyncContextManager[World]:
+    return gateway_world(World, ALL, resident=resident, **settings)
 
 
 async def next_line(response: aiohttp.ClientResponse, prefix: str = "") -> str:

@@ -5,17 +5,15 @@ and metrics."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import FakeDirectory, ServedGateway, route, served_gateway, until
-from tests.support.gateway_upstream import FakeTriton, fake_triton
+from tests.support.gateway_fakes import FakeDirectory, route, served_gateway, until
+from tests.support.gateway_world import GatewayWorld, gateway_world
 
 LLAMA_A = route("llama", "team-a")
 LLAMA_B = route("llama", "team-b")
@@ -30,13 +28,7 @@ def infer_body(values: list[float]) -> dict[str, Any]:
     }
 
 
-@dataclass
-class World:
-    triton: FakeTriton
-    directory: FakeDirectory
-    served: ServedGateway
-    http: aiohttp.ClientSession
-
+class World(GatewayWorld):
     async def post(self, path: str, body: Any, **headers: str) -> tuple[int, Any, dict[str, str]]:
         async with self.http.post(self.served.url + path, json=body, headers=headers) as r:
             return r.status, await r.json(content_type=None), dict(r.headers)
@@ -46,23 +38,8 @@ class World:
             return r.status, await r.read(), dict(r.headers)
 
 
-@contextlib.asynccontextmanager
-async def world(*, resident: bool = True, **settings: Any) -> AsyncIterator[World]:
-    async with fake_triton() as triton:
-        directory = FakeDirectory(ALL, resident=[r.uid for r in ALL] if resident else ())
-        triton.loaded = {r.triton_name for r in ALL} if resident else set()
-
-        async def load(uid: str) -> None:
-            loaded = directory.table.by_uid(uid)
-            assert loaded is not None
-            triton.loaded.add(loaded.triton_name)
-
-        directory.action = load
-        async with (
-            served_gateway(directory, triton.url, **settings) as served,
-            aiohttp.ClientSession() as http,
-        ):
-            yield World(triton, directory, served, http)
+def world(*, resident: bool = True, **settings: Any) -> AbstractAsyncContextManager[World]:
+    return gateway_world(World, ALL, resident=resident, **settings)
 
 
 @pytest.mark.asyncio
