@@ -140,19 +140,15 @@ async def sample_timeline(demo: Demo, client: httpx.AsyncClient, stop: asyncio.E
 
 
 async def mlp_request(demo: Demo, client: httpx.AsyncClient, step: Step, seed: int) -> None:
-    from examples.models.reference import mlp_checksum, mlp_forward, mlp_input  # noqa: PLC0415
+    from examples.models.reference import (  # noqa: PLC0415
+        mlp_checksum,
+        mlp_forward,
+        mlp_infer_body,
+        mlp_input,
+    )
 
     x = mlp_input(seed)
-    body = {
-        "inputs": [
-            {
-                "name": "INPUT0",
-                "shape": list(x.shape),
-                "datatype": "FP32",
-                "data": x.ravel().tolist(),
-            }
-        ]
-    }
+    body = mlp_infer_body(x)
     started = time.monotonic()
     r = await client.post(f"{demo.gateway}/v2/models/classify/infer", json=body)
     step.latencies_seconds.append(time.monotonic() - started)

@@ -17,6 +17,7 @@ import itertools
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,20 @@ def mlp_checksum(weights_bytes: int, model_dir: Path = MLP_DIR) -> int:
 def mlp_input(seed: int, rows: int = 4) -> np.ndarray:
     """A deterministic input batch for tests and demos."""
     return np.random.default_rng(seed).standard_normal((rows, MLP_SIZES[0])).astype(np.float32)
+
+
+def mlp_infer_body(x: np.ndarray) -> dict[str, Any]:
+    """The KServe v2 infer request body carrying batch `x` as the MLP's INPUT0."""
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
 
 
 # -- tinylm --------------------------------------------------------------------------------

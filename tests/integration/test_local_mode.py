@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from examples.models.reference import mlp_checksum, mlp_forward, mlp_input
+from examples.models.reference import mlp_checksum, mlp_forward, mlp_infer_body, mlp_input
 from tests.support.triton_server import tritonserver_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,16 +111,7 @@ class LocalMode:
 
     def infer_mlp(self, seed: int) -> None:
         x = mlp_input(seed)
-        body = {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": list(x.shape),
-                    "datatype": "FP32",
-                    "data": x.ravel().tolist(),
-                }
-            ]
-        }
+        body = mlp_infer_body(x)
         r = httpx.post(
             f"{self.state['gatewayUrl']}/v2/models/classify/infer",
             json=body,

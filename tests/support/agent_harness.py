@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 import yaml
 
+from examples.models.reference import mlp_infer_body
 from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import (
     TritonPorts,
@@ -364,16 +365,7 @@ class Models:
         await self.client.aclose()
 
     async def mlp(self, uid: str, x: np.ndarray) -> MlpAnswer:
-        body = {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": list(x.shape),
-                    "datatype": "FP32",
-                    "data": x.reshape(-1).tolist(),
-                }
-            ]
-        }
+        body = mlp_infer_body(x)
         r = await self.client.post(f"/v2/models/{triton_model_name(uid)}/infer", json=body)
         assert r.status_code == 200, r.text
         outputs = {o["name"]: o for o in r.json()["outputs"]}
