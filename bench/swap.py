@@ -49,6 +49,7 @@ from types import FrameType
 from typing import Any
 
 from bench import results_schema
+from modelswap_client import _libc
 from modelswap_client.mappers.sim import Pacer
 from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.allocators.sim import SimAllocator, _new_chunk_fd
@@ -63,26 +64,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the sim default (and minimum): a model spans several chunks, so copying one overlaps
 #: granting access to (populating) the next
 POOL_CHUNK_BYTES = 32 * MIB
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-MAP_SHARED, MAP_POPULATE = 0x01, 0x8000
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 
 
 def _map(fd: int, size: int, prot: int) -> int:
-    addr = _libc.mmap(None, size, prot, MAP_SHARED | MAP_POPULATE, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise OSError(ctypes.get_errno(), "mmap failed")
-    return int(addr)
+    return _libc.mmap(0, size, prot, _libc.MAP_SHARED | _libc.MAP_POPULATE, fd)
 
 
 def _pool_full(allocator: SimAllocator) -> None:
