@@ -12,24 +12,7 @@ from dataclasses import dataclass
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.policy.inputs import GpuView, ModelView, NodeView, Residency
-
-S = EngineState
-
-_RESIDENCY = {
-    S.LOADING: Residency.LOADING,
-    S.RESIDENT: Residency.RESIDENT,
-    S.DRAINING: Residency.SWAPPING_OUT,
-    S.QUIESCED: Residency.SWAPPING_OUT,
-    S.SAVING: Residency.SWAPPING_OUT,
-    S.UNMAPPED: Residency.SWAPPING_OUT,
-    S.SWAPPED_OUT: Residency.SWAPPED_OUT,
-    S.ALLOCATING: Residency.SWAPPING_IN,
-    S.MAPPED: Residency.SWAPPING_IN,
-    S.RESTORING: Residency.SWAPPING_IN,
-    S.DROPPED: Residency.SWAPPED_OUT,
-    S.FAILED: Residency.SWAPPED_OUT,
-    S.DELETING: Residency.SWAPPED_OUT,
-}
+from modelswap_sidecar.policy.residency import residency_of as engine_residency
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +35,7 @@ def residency_of(model: AgentModel, engine_state: EngineState | None) -> Residen
         return Residency.RESIDENT
     if engine_state is None:
         return Residency.LOADING
-    return _RESIDENCY[engine_state]
+    return engine_residency(engine_state)
 
 
 def model_view(
