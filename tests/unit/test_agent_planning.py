@@ -152,3 +152,18 @@ def test_settings_read_once_with_defaults_and_overrides(tmp_path: Path) -> None:
 def test_bad_settings_name_the_key(change: dict[str, Any], field: str) -> None:
     with pytest.raises(SettingsError, match=field.replace("[", r"\[").replace("]", r"\]")):
         settings_from_document(_doc(**change))
+
+
+def test_a_runtime_that_cannot_attach_is_reported_and_served_with_drop_semantics() -> None:
+    python = model("py", 0, Serving.LOADED)
+    assert python.loaded_reason() == ("Loaded", "") and not python.drops
+    onnx = model("onnx", 0, Serving.LOADED)
+    onnx.attaches, onnx.runtime_backend = False, "onnxruntime"
+    reason, message = onnx.loaded_reason()
+    assert reason == "UnsupportedRuntime"
+    assert "onnxruntime backend cannot map modelswap memory" in message
+    assert "onSwapOut: drop" in message
+    assert onnx.drops  # swap-out unloads it from Triton; swap-in reloads from the source
+    view = node_view([onnx], {}, GPUS, now_seconds=0.0)
+    (seen,) = view.models
+    assert seen.residency is Residency.RESIDENT  # charged to its GPU while Triton holds it

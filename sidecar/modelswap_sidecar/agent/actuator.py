@@ -155,7 +155,7 @@ class Actuator:
             model.fail(e.reason, e.message, self.clock())
             return
         model.serving = Serving.LOADED
-        model.reason, model.message = "Loaded", ""
+        model.reason, model.message = model.loaded_reason()
         model.resident_since_seconds = self.clock()
         if self.metrics is not None:
             self.metrics.observe_load(labels_of(model), self.clock() - started)

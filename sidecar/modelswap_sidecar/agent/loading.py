@@ -142,6 +142,7 @@ class ModelLoader:
         except ModelConfigInvalid as e:
             raise LoadError("BadSource", f"{SOURCE_FIELD}: {e}") from e
         model.attaches = config.backend == PYTHON_BACKEND
+        model.runtime_backend = config.backend or config.platform or "unknown"
         if model.attaches:
             try:
                 await asyncio.to_thread(self.engine.add_model, engine_config(model))

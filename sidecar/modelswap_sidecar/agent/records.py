@@ -17,6 +17,8 @@ from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.sources.resolver import ResolvedSource
 from modelswap_sidecar.triton.naming import triton_model_name
 
+UNSUPPORTED_RUNTIME = "UnsupportedRuntime"
+
 
 class Serving(enum.StrEnum):
     PENDING = "pending"  # taken, not placed yet
@@ -39,6 +41,8 @@ class AgentModel:
     gpu: int | None = None  # ordinal, once placed
     #: False for runtimes that cannot map memory through the client library.
     attaches: bool = True
+    #: The Triton backend (or platform) of the loaded model's config.pbtxt.
+    runtime_backend: str = "python"
     resolved: ResolvedSource | None = None
     reason: str = ""
     message: str = ""
@@ -82,6 +86,17 @@ class AgentModel:
         loaded: the engine drops its memory and host copy, and it reloads from its source
         on the next request.)"""
         return not self.attaches
+
+    def loaded_reason(self) -> tuple[str, str]:
+        """(reason, message) once the runtime serves the model: a runtime that cannot
+        attach is reported as such, since swaps reload it from its source."""
+        if self.attaches:
+            return "Loaded", ""
+        return UNSUPPORTED_RUNTIME, (
+            f"the {self.runtime_backend} backend cannot map modelswap memory: served with "
+            "onSwapOut: drop semantics (swap-out unloads it, swap-in reloads it from "
+            "spec.model.source)"
+        )
 
     def fail(self, reason: str, message: str, now_seconds: float) -> None:
         self.serving = Serving.FAILED
