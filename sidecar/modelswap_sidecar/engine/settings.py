@@ -1,0 +1,37 @@
+"""What an engine is given: its settings, and the checkpoints where it calls its
+`checkpoint` hook (fault tests stop it there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Where the engine calls `checkpoint`: after each step that leaves something for a crash
+#: to find (a fault test kills the agent there).
+CHECKPOINTS = (
+    "commit.saved",  # the client wrote the weights into staging files; nothing renamed
+    "commit.renamed",  # weight files in place; the state file does not name them yet
+    "swap_out.quiesced",  # every instance drained; nothing saved or unmapped
+    "swap_out.kv_saved",  # preserved KV written into staging files; nothing renamed
+    "swap_out.unmapped",  # every client unmapped; chunks not yet released
+    "swap_in.allocated",  # chunks created and exported; nothing sent to clients
+    "swap_in.mapped",  # clients mapped the chunks; nothing restored
+    "attach.allocated",  # the same two steps when a client attaches to a resident model
+    "attach.mapped",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    client_timeout_seconds: float = 60.0  # one client round trip (map, restore, save, unmap)
+    drain_timeout_seconds: float = 60.0  # quiesce: how long in_use() work may hold a swap-out
+    readopt_grace_seconds: float = 10.0  # after a restart, how long clients have to readopt
+    reserve_bytes: dict[int, int] = field(default_factory=dict)  # per GPU
+    #: the estimate per runtime process, used when the allocator measures nothing
+    overhead_bytes_per_process: int = 0
+    #: a client silent for this long is logged (nothing else happens: the socket is the
+    #: liveness signal)
+    heartbeat_timeout_seconds: float = 30.0
+
+
+def no_checkpoint(name: str) -> None:
+    """The default `checkpoint`: nothing."""
