@@ -19,6 +19,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from modelswap_api import crds
+
 
 def api_client(kubeconfig: str | None = None, *, context: str | None = None) -> client.ApiClient:
     """An ApiClient from `kubeconfig` (path), or the in-cluster config when None."""
@@ -42,8 +44,8 @@ def custom_objects(api: client.ApiClient) -> client.CustomObjectsApi:
 # client's exceptions, which no other module may import); callers on an event loop run
 # them in a thread. `timeout_seconds` bounds each request.
 
-SWAPNODE_GROUP = "modelswap.io"
-SWAPNODE_VERSION = "v1alpha1"
+SWAPNODE_GROUP = crds.GROUP
+SWAPNODE_VERSION = crds.VERSION
 SWAPNODE_PLURAL = "swapnodes"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _JSON_PATCH = "application/json-patch+json"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
 from modelswap_api import codec
+from modelswap_api.crds import API_VERSION
 from modelswap_api.quantities import Duration, Quantity
 
 Phase = Literal[
@@ -159,7 +160,7 @@ class ModelDeploymentStatus(_Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelDeployment(_Wire):
-    api_version: str = "modelswap.io/v1alpha1"
+    api_version: str = API_VERSION
     kind: str = "ModelDeployment"
     metadata: Mapping[str, Any] = field(default_factory=dict)
     spec: ModelDeploymentSpec
@@ -239,7 +240,7 @@ class SwapNodeStatus(_Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class SwapNode(_Wire):
-    api_version: str = "modelswap.io/v1alpha1"
+    api_version: str = API_VERSION
     kind: str = "SwapNode"
     metadata: Mapping[str, Any] = field(default_factory=dict)
     spec: SwapNodeSpec | None = None
