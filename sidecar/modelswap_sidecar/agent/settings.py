@@ -57,6 +57,7 @@ import yaml
 from modelswap_api.defaults import BUILTIN_DEFAULTS, check_defaults
 from modelswap_api.quantities import parse_bytes
 from modelswap_sidecar.agent.errors import SettingsError
+from modelswap_sidecar.allocators.base import GRANULARITY_BYTES
 from modelswap_sidecar.heartbeat.settings import DEFAULT_LEASE_NAMESPACE, HeartbeatSettings
 
 ALLOCATORS = ("sim", "cuda-vmm", "auto")
@@ -325,11 +326,10 @@ def _cuda(doc: Any) -> CudaSettings:
         return CudaSettings()
     if not isinstance(doc, Mapping):
         raise SettingsError("cuda: expected a mapping")
-    granule = 2 << 20
     sizes = {}
     for key, default in (("chunkBytes", 256 << 20), ("maxChunkBytes", 1 << 30)):
         value = _bytes(doc, key, default, "cuda.")
-        if value <= 0 or value % granule:
+        if value <= 0 or value % GRANULARITY_BYTES:
             raise SettingsError(f"cuda.{key}: {value} is not a positive multiple of 2Mi")
         sizes[key] = value
     if sizes["chunkBytes"] > sizes["maxChunkBytes"]:
