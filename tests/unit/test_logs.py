@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from modelswap_sidecar.logs import JsonFormatter, configure_logging
+from modelswap_api.logs import JsonFormatter, configure_logging
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.settings import load_settings
-from modelswap_sidecar.logs import configure_logging
+from modelswap_api.logs import configure_logging
 
 log = logging.getLogger(__name__)
 

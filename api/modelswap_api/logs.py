@@ -1,4 +1,4 @@
-"""JSON log lines for the node (one object per line, for log shippers).
+"""JSON log lines for the operator and the node (one object per line, for log shippers).
 
     {"time": "2026-11-22T18:00:00.123Z", "level": "info", "logger": "modelswap_sidecar.x",
      "message": "...", "exception": "Traceback ...", ...extra fields}
