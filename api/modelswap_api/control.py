@@ -141,6 +141,9 @@ class ModelInfo(_Wire):
     swap_ins: int = 0
     swap_outs: int = 0
     last_swap_in_seconds: float | None = None
+    #: CamelCase (`Loaded`, `LoadFailed`, `InsufficientHBM`, `UnsupportedRuntime`, …): a
+    #: field of its own so programs need not parse `message`, which is for people.
+    reason: str | None = None
     message: str | None = None
     unload_in_seconds: float | None = None
 

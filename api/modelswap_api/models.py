@@ -213,12 +213,31 @@ class Taint(_Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class HostedModel(_Wire):
+    """One model a node's agent holds, as its SwapNode reports it: what the operator copies
+    into the ModelDeployment's status without asking the agent."""
+
     uid: str
     namespace: str | None = None
     name: str | None = None
     state: str | None = None
     gpu: str | None = None
     resident_bytes: int | None = None
+    #: The desired entry's generation the agent holds (the ModelDeployment's
+    #: metadata.generation when the operator sent it).
+    generation: int | None = None
+    #: False once dropped from the desired set while its host-store bytes are kept.
+    desired: bool | None = None
+    host_bytes: int | None = None
+    swap_ins: int | None = None
+    swap_outs: int | None = None
+    last_swap_in_seconds: float | None = None
+    #: RFC 3339; moves in steps of at least `node_report.LAST_REQUEST_STEP_SECONDS`, so
+    #: traffic alone does not rewrite the SwapNode.
+    last_request_time: str | None = None
+    #: CamelCase, why the model is where it is (`Loaded`, `LoadFailed`, `InsufficientHBM`,
+    #: `UnsupportedRuntime`, …); `message` says it for people.
+    reason: str | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

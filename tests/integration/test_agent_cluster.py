@@ -135,16 +135,34 @@ async def test_swapnode_status_follows_the_models_and_the_lease_goes_stale_after
             model = hosted()
             assert model["uid"] == uid and model["name"] == "mlp"
             assert model["namespace"] == "default" and model["residentBytes"] == 32 * MIB
+            # What the operator copies into the ModelDeployment's status.
+            assert model["generation"] == 1 and model["desired"] is True
+            assert model["reason"] == "Loaded" and model["hostBytes"] == 32 * MIB
+            assert model["swapIns"] == 0 and model["swapOuts"] == 0
+            assert "lastRequestTime" not in model and "lastSwapInSeconds" not in model
             gpu = model["gpu"]
             placed = next(g for g in status()["gpus"] if g["uuid"] == gpu)
             assert placed["hbmFreeBytes"] < 128 * MIB
             x = reference.mlp_input(5)
             before = await models.mlp(uid, x)
 
-            # Nothing changes (requests included): the status is left alone.
+            # The first request shows as lastRequestTime (one write); more requests within
+            # LAST_REQUEST_STEP_SECONDS of it leave the status alone, though the control
+            # API has their exact time.
+            shown = await eventually(
+                lambda: _async(hosted().get("lastRequestTime")), what="lastRequestTime"
+            )
             settled = version()
+            await models.mlp(uid, x)
+
+            async def exact_time() -> str | None:
+                found = (await control.model(uid)).get("lastRequestTime")
+                return found if found is not None and found > shown else None
+
+            await eventually(exact_time, what="the second request's time")
             await renewals(5)
             assert version() == settled
+            assert hosted()["lastRequestTime"] == shown
 
             # A swap-out changes it: the model is SwappedOut, its HBM free again.
             out = await control.swap(uid, "out")
@@ -153,6 +171,7 @@ async def test_swapnode_status_follows_the_models_and_the_lease_goes_stale_after
                 lambda: _async(hosted().get("state") == "SwappedOut"), what="SwappedOut"
             )
             assert hosted()["residentBytes"] == 0
+            assert hosted()["swapOuts"] == 1 and hosted()["hostBytes"] == 32 * MIB
             swapped = next(g for g in status()["gpus"] if g["uuid"] == gpu)
             assert swapped["hbmFreeBytes"] == 128 * MIB and swapped["hostStoreBytes"] > 0
             assert version() > settled
@@ -172,6 +191,7 @@ async def test_swapnode_status_follows_the_models_and_the_lease_goes_stale_after
             assert back.json()["outcome"] == "completed", back.text
             assert np.array_equal((await models.mlp(uid, x)).output, before.output)
             await eventually(lambda: _async(hosted().get("state") == "Resident"), what="back")
+            assert hosted()["swapIns"] == 1 and hosted()["lastSwapInSeconds"] > 0
 
             # The Lease: held by the agent, renewed; stale once the agent stops.
             lease = kube.read_lease(api, LEASES, NODE)

@@ -156,10 +156,11 @@ async def test_bad_sources_name_the_field_and_leave_others_serving(
         messages = {}
         for uid in (missing, digest, huge):
             info = await eventually(lambda uid=uid: failed(uid), what=f"{uid} to fail")
+            assert info["reason"] == "BadSource", info
             messages[uid] = info["message"]
-        assert messages[missing].startswith("BadSource: spec.model.source: ")
+        assert messages[missing].startswith("spec.model.source: ")
         assert "404" in messages[missing]
-        assert messages[digest].startswith("BadSource: spec.model.source.sha256: ")
+        assert messages[digest].startswith("spec.model.source.sha256: ")
         assert "limit" in messages[huge] and "spec.model.source: " in messages[huge]
 
         # The others are unaffected: the mounted one and the fetched one serve.

@@ -158,7 +158,8 @@ async def test_an_entry_that_cannot_fit_is_deferred(tmp_path: Path) -> None:
         assert results[big]["reason"] == "InsufficientHBM"
         assert "LargerThanBudget" in results[big]["message"]
         info = await control.model(big)
-        assert info["phase"] == "Pending" and "InsufficientHBM" in info["message"]
+        assert info["phase"] == "Pending" and info["reason"] == "InsufficientHBM"
+        assert "LargerThanBudget" in info["message"]
         assert triton.stub_pids(big) == []
 
 

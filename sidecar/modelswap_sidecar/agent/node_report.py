@@ -5,27 +5,73 @@
   probed `pcie`/`c2c` GB/s (`gpu_links`, once at start), or the kind `sim` and its GB/s
   (configured, or measured once at start: `sim_link`);
 - models: every model the agent holds (desired, or unloaded with its host copy kept),
-  sorted by uid, with its phase (`Resident`, `SwappedOut`, `Loading`, …), GPU and
-  resident bytes;
+  sorted by uid, with what the operator copies into its ModelDeployment's status: phase
+  as `state` (`Resident`, `SwappedOut`, `Loading`, …), GPU, generation, `desired`,
+  resident and host-store bytes, swap counts, the last swap-in's duration, the last
+  request time, and `reason` (CamelCase) with `message` (for people);
 - the agent version and the URLs of its control API and gateway.
 
 Every figure here changes only when something happens to a model (a load, a swap, an
-unload), so comparing two reports tells whether the SwapNode needs a write.
+unload) — the last request time too, since it is shown in steps of at least
+`LAST_REQUEST_STEP_SECONDS` — so comparing two reports tells whether the SwapNode needs a
+write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from modelswap_api.models import HostedModel, Link
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.heartbeat.report import NodeReport
 
+#: The SwapNode's `lastRequestTime` moves only to a request at least this much later than
+#: the one it shows. The status is written whenever the report changes, so an exact time
+#: would turn every request into an API-server write; 10 s is finer than any useful
+#: `idleAfter` and bounds a busy model to one write per 10 s (`GET /v1/models` has the
+#: exact time).
+LAST_REQUEST_STEP_SECONDS = 10.0
+#: The CRD's bounds on a hosted model's `reason` and `message` (a longer value would make
+#: the API server refuse the whole status write).
+MAX_REASON_CHARS = 128
+MAX_MESSAGE_CHARS = 1024
+
 
 def url(scheme: str, host: str, port: int) -> str:
     bracketed = f"[{host}]" if ":" in host else host
     return f"{scheme}://{bracketed}:{port}"
+
+
+class RequestTimeSteps:
+    """Per model, the last-request time the SwapNode shows (wall seconds): it follows the
+    real one only once that is `step_seconds` past it (or earlier than it: a restarted
+    count), so a model under steady traffic changes the report once per step."""
+
+    def __init__(self, step_seconds: float = LAST_REQUEST_STEP_SECONDS) -> None:
+        self.step_seconds = step_seconds
+        self._shown_seconds: dict[str, float] = {}
+
+    def shown(self, uid: str, actual_seconds: float | None) -> float | None:
+        if actual_seconds is None:
+            self._shown_seconds.pop(uid, None)
+            return None
+        shown = self._shown_seconds.get(uid)
+        if shown is None or not shown <= actual_seconds < shown + self.step_seconds:
+            shown = self._shown_seconds[uid] = actual_seconds
+        return shown
+
+    def keep_only(self, uids: Collection[str]) -> None:
+        """Forget models no longer held."""
+        for uid in self._shown_seconds.keys() - set(uids):
+            del self._shown_seconds[uid]
+
+
+def bounded(text: str | None, max_chars: int) -> str | None:
+    """`text` cut to `max_chars` (an ellipsis marking the cut); None for empty text."""
+    if not text:
+        return None
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
 class NodeReporter:
@@ -59,6 +105,7 @@ class NodeReporter:
         self.products = tuple(products) if products is not None else None
         self.control_endpoint = control_endpoint
         self.gateway_endpoint = gateway_endpoint
+        self.request_times = RequestTimeSteps()
 
     def __call__(self) -> NodeReport:
         engine, uuids = self.actuator.engine, self.actuator.gpu_uuids
@@ -71,9 +118,12 @@ class NodeReporter:
             links=self.links,
         )
         gpus = tuple(info.gpus)
+        records = sorted(self.actuator.records.values(), key=lambda m: m.uid)
+        self.request_times.keep_only([record.uid for record in records])
         models = []
-        for record in sorted(self.actuator.records.values(), key=lambda m: m.uid):
+        for record in records:
             model = reports.model_info(engine, record, uuids)
+            last_request = self.request_times.shown(record.uid, record.last_request_wall_seconds)
             models.append(
                 HostedModel(
                     uid=model.uid,
@@ -82,6 +132,15 @@ class NodeReporter:
                     state=model.phase,
                     gpu=model.gpu,
                     resident_bytes=model.resident_bytes,
+                    generation=model.generation,
+                    desired=model.desired,
+                    host_bytes=model.host_bytes,
+                    swap_ins=model.swap_ins,
+                    swap_outs=model.swap_outs,
+                    last_swap_in_seconds=model.last_swap_in_seconds,
+                    last_request_time=reports.rfc3339(last_request),
+                    reason=bounded(model.reason, MAX_REASON_CHARS),
+                    message=bounded(model.message, MAX_MESSAGE_CHARS),
                 )
             )
         return NodeReport(

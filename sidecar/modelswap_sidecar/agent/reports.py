@@ -102,7 +102,8 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         last_swap_in_seconds=(
             status.last_swap_in_seconds if status and status.last_swap_in_seconds else None
         ),
-        message=f"{model.reason}: {message}" if message else model.reason or None,
+        reason=model.reason or None,
+        message=message or None,
     )
 
 
