@@ -37,6 +37,12 @@ BENCHES: dict[str, tuple[str, str, str]] = {
         "and a one-allocation-at-a-time baseline",
         "an NVIDIA GPU with cuda-bindings and nvidia-ml-py",
     ),
+    "planner": (
+        "make bench-planner (python -m bench.planner)",
+        "the operator's placement planner: 2,000 ModelDeployments over 100 SwapNodes x 8 GPUs, "
+        "cold, warm re-plan and after 5 nodes are lost",
+        "any machine (pure Python, no GPU)",
+    ),
 }
 
 _COLUMNS = {"throughput_bytes_per_second", "ratio_to_ceiling", "ratio_to_sync_baseline"}
@@ -66,18 +72,26 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
             "any real GPU link.",
             "",
         ]
+    backend = (
+        "Pure Python, no engine and no GPU"
+        if doc["backend"] == "none"
+        else f"Backend: {doc['backend']}; scaled (paced): {scaled}"
+        + (f", target {_gbps(target)}" if scaled and target else "")
+    )
     lines += [
         f"- Command: `{doc['command']}`",
         f"- Machine: {m['cpu_model']}, {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB "
         f"memory, GPU: {m['gpu']}; kernel {m.get('kernel', '?')}, Python {m.get('python', '?')}",
-        f"- Backend: {doc['backend']}; scaled (paced): {scaled}"
-        + (f", target {_gbps(target)}" if scaled and target else "")
-        + f"; commit `{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
+        f"- {backend}; commit `{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
         "",
     ]
     lines += [f"- {n}" for n in doc["notes"]]
-    lines += [
-        "",
+    table = _TABLES.get(doc["bench"], _swap_table)
+    return [*lines, "", *table(doc), ""]
+
+
+def _swap_table(doc: dict[str, Any]) -> list[str]:
+    lines = [
         "| measurement | model bytes | median | throughput | x ceiling | x sync | other |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
@@ -100,7 +114,35 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
             if k not in _COLUMNS
         ]
         lines.append(f"{row} {'; '.join(other)} |")
-    return [*lines, ""]
+    return lines
+
+
+_PLANNER_COUNTS = ("placed", "unplaced", "kept", "moved", "gpus_used")
+
+
+def _planner_table(doc: dict[str, Any]) -> list[str]:
+    """One row per planner scenario: median and range of one `plan` call, and its outcome."""
+    lines = [
+        "| scenario | models | nodes (GPUs) | median | min to max | placed | unplaced | kept "
+        "| moved | GPUs used |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["results"]:
+        p, mt = r["params"], r["metrics"]
+        nodes = f"{p.get('nodes', '?')} ({p.get('gpus', '?')})"
+        if p.get("nodes_lost"):
+            nodes += f", {p['nodes_lost']} lost"
+        spread = f"{_fmt(min(r['samples']), r['unit'])} to {_fmt(max(r['samples']), r['unit'])}"
+        counts = " | ".join(f"{mt[k]:g}" if k in mt else "" for k in _PLANNER_COUNTS)
+        lines.append(
+            f"| {r['name']} | {p.get('models', '?')} | {nodes} | "
+            f"{_fmt(r['median'], r['unit'])} | {spread} | {counts} |"
+        )
+    return lines
+
+
+#: benches whose results need their own table; the rest use the swap table
+_TABLES = {"planner": _planner_table}
 
 
 def render_missing(docs: list[dict[str, Any]]) -> list[str]:
@@ -111,7 +153,7 @@ def render_missing(docs: list[dict[str, Any]]) -> list[str]:
     lines = ["## Not measured yet", ""]
     if not gpu_docs:
         lines += [
-            "**No GPU results exist yet.** Every figure on this page comes from the sim "
+            "**No GPU results exist yet.** Every swap figure on this page comes from the sim "
             "backend on a CPU (memfd chunks in host memory); none is a GPU or PCIe/C2C "
             "measurement. The GPU bench (`bench/gpu_swap.py`) has not run on a GPU machine.",
             "",

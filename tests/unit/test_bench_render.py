@@ -66,10 +66,11 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     page = render.render([doc("swap")])
     missing = page[page.index("## Not measured yet") : page.index("## `swap` on")]
     assert "No GPU results exist yet" in missing
-    assert "`gpu-swap`" in missing and "`swap-paced`" in missing
+    assert "`gpu-swap`" in missing and "`swap-paced`" in missing and "`planner`" in missing
+    assert "make bench-planner" in missing
     assert "- `swap` " not in missing
     with_gpu = render.render(
-        [doc("swap"), doc("swap-paced", target=2e9), doc("gpu-swap", gpu="h100")]
+        [doc("swap"), doc("swap-paced", target=2e9), doc("gpu-swap", gpu="h100"), planner_doc()]
     )
     assert "No GPU results exist yet" not in with_gpu
     assert "Every bench has at least one committed result file." in with_gpu
@@ -78,3 +79,41 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
 def test_a_scaled_result_must_name_its_target() -> None:
     with pytest.raises(ValueError, match="target"):
         results_schema.write("x", "cmd", [], [], backend="sim", scaled=True)
+
+
+def planner_doc() -> dict[str, Any]:
+    params = {"models": 2000, "nodes": 100, "gpus": 800, "reps": 3}
+    rows = []
+    for name, extra, samples in (
+        ("cold", {}, [0.09, 0.08, 0.11]),
+        ("node_loss", {"nodes_lost": 5}, [0.12, 0.13, 0.125]),
+    ):
+        row = results_schema.result(name, {**params, **extra}, samples)
+        row["metrics"] = {
+            "placed": 1998,
+            "unplaced": 2,
+            "kept": 950,
+            "moved": 1048,
+            "gpus_used": 99,
+        }
+        rows.append(row)
+    return {
+        **doc("planner"),
+        "command": "make bench-planner (python -m bench.planner)",
+        "backend": "none",
+        "notes": ["synthetic cluster"],
+        "results": rows,
+    }
+
+
+def test_planner_results_state_command_machine_and_outcome() -> None:
+    page = render.render([doc("swap"), planner_doc()])
+    section = page[page.index("## `planner` on cpu-2cpu-nogpu") :]
+    assert "- Command: `make bench-planner (python -m bench.planner)`" in section
+    assert "- Machine: CPU, 2 CPUs, 16 GiB memory, GPU: none" in section
+    assert "Pure Python, no engine and no GPU" in section and "Backend: none" not in section
+    node_loss = next(line for line in section.splitlines() if line.startswith("| node_loss"))
+    assert "| 100 (800), 5 lost |" in node_loss
+    assert "| 125.0 ms | 120.0 ms to 130.0 ms |" in node_loss
+    assert "| 1998 | 2 | 950 | 1048 | 99 |" in node_loss
+    assert "throughput" not in section  # not the swap table
