@@ -250,6 +250,9 @@ class SwapNodeStatus(_Wire):
     agent_version: str | None = None
     endpoint: str | None = None
     gateway_endpoint: str | None = None
+    #: PEM of the control API's serving certificate: the operator trusts exactly it for
+    #: `endpoint` (`modelswap_api.tls.pinned_context`); unset with plain HTTP.
+    certificate: str | None = None
     gpus: tuple[GpuStatus, ...] | None = None
     node_labels: Mapping[str, str] | None = None
     node_taints: tuple[Taint, ...] | None = None

@@ -1,10 +1,11 @@
 """The agent in cluster mode against the API emulator: real agent (`modelswap sidecar`),
 real Triton, and the emulator in a thread of the test.
 
-The agent's SwapNode appears with its Node's labels and taints, its GPUs and the models
-it hosts; a swap-out changes its status, and nothing else does; its Lease is renewed, the
-renewals keep it unfenced while the operator is silent, and stopping the agent lets the
-Lease go stale."""
+The agent's SwapNode appears with its Node's labels and taints, its GPUs, the models it
+hosts and the control API's self-signed certificate, which a pinned client trusts; a
+swap-out changes its status, and nothing else does (requests move lastRequestTime in 10 s
+steps only); its Lease is renewed, the renewals keep it unfenced while the operator is
+silent, and stopping the agent lets the Lease go stale."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from examples.models import reference
 from modelswap_api import kube
+from modelswap_api.tls import pinned_context
 from modelswap_sidecar.heartbeat.objects import parse_micro_time
 from tests.support.agent_harness import MIB, AgentConfig, entry, eventually, new_uid, node
 from tests.support.kube_emulator.hosting import EmulatorThread
@@ -111,8 +114,21 @@ async def test_swapnode_status_follows_the_models_and_the_lease_goes_stale_after
                 {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid}
             ]
             assert st["nodeLabels"] == LABELS and st["nodeTaints"] == [TAINT]
-            assert st["endpoint"] == f"http://127.0.0.1:{agent.control_port}"
             assert st["agentVersion"]
+
+            # The control API serves HTTPS with a certificate the agent made at start and
+            # publishes here: a client pinned to it gets in; the system CAs and plain HTTP
+            # do not.
+            endpoint = f"https://127.0.0.1:{agent.control_port}"
+            assert st["endpoint"] == endpoint
+            assert st["certificate"].startswith("-----BEGIN CERTIFICATE-----")
+            async with httpx.AsyncClient(trust_env=False) as unpinned:
+                with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                    await unpinned.get(f"{endpoint}/v1/node")
+                with pytest.raises(httpx.TransportError):
+                    await unpinned.get(f"http://127.0.0.1:{agent.control_port}/v1/node")
+            await control.switch_to(endpoint, verify=pinned_context(st["certificate"]))
+            assert (await control.client.get("/v1/node")).json()["nodeName"] == NODE
             assert [g["uuid"] for g in first] == ["sim-gpu-0", "sim-gpu-1"]
             gpu0 = first[0]
             assert gpu0["hbmTotalBytes"] == 128 * MIB and gpu0["hbmFreeBytes"] == 128 * MIB

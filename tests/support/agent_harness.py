@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -294,15 +295,27 @@ def new_uid() -> str:
 
 
 class Control:
-    def __init__(self, base_url: str, token: str = TOKEN) -> None:
-        self.client = httpx.AsyncClient(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60.0,
-            trust_env=False,
-        )
+    def __init__(
+        self, base_url: str, token: str = TOKEN, *, verify: ssl.SSLContext | bool = True
+    ) -> None:
+        self.token = token
+        self.client = self._client(base_url, verify)
         self.counter = 0
         self.term = 1
+
+    def _client(self, base_url: str, verify: ssl.SSLContext | bool) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=60.0,
+            trust_env=False,
+            verify=verify,
+        )
+
+    async def switch_to(self, base_url: str, *, verify: ssl.SSLContext | bool) -> None:
+        """Talk to `base_url` from now on (an agent serving HTTPS: the pinned context)."""
+        await self.client.aclose()
+        self.client = self._client(base_url, verify)
 
     async def close(self) -> None:
         await self.client.aclose()

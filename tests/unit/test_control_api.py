@@ -7,9 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from modelswap_api.control import Revision
 from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
+from modelswap_sidecar.control.certificate import self_signed
 from modelswap_sidecar.control.errors import RevisionStoreError
 from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.revisions import RevisionStore
@@ -496,35 +495,16 @@ async def test_the_served_app_unloads_on_its_own_timer(tmp_path: Path) -> None:
         await runner.cleanup()
 
 
-@pytest.fixture
-def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (needs the openssl command)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a certificate")
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.mark.asyncio
-async def test_https_with_the_agent_certificate(
-    tmp_path: Path, certificate: tuple[Path, Path]
-) -> None:
-    cert, key = certificate
+async def test_https_with_the_agent_certificate(tmp_path: Path) -> None:
+    certificate = self_signed(["127.0.0.1"])
     node = Node(tmp_path)
-    node.settings = dataclasses.replace(
-        node.settings, host="127.0.0.1", port=0, tls_cert_file=cert, tls_key_file=key
-    )
+    node.settings = dataclasses.replace(node.settings, host="127.0.0.1", port=0, tls=certificate)
     node.service = ControlService(node.backend, node.settings, clock=node.clock)
     runner = await start(make_app(node.service, TokenFile(node.token_file)))
     try:
         host, port = runner.addresses[0][:2]
-        trusted = ssl.create_default_context(cafile=str(cert))
+        trusted = ssl.create_default_context(cadata=certificate.certificate_pem)
         async with (
             aiohttp.ClientSession(headers=AUTH) as session,
             session.get(f"https://{host}:{port}/v1/node", ssl=trusted) as response,

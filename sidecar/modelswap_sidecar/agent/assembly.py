@@ -5,12 +5,15 @@
     engine (allocator, host store, Triton stub voucher) + its protocol server (threads)
     source resolver + cache, Triton driver, metrics registry
     actuator (side effects) ← backend (NodeBackend) ← control service + aiohttp app
+    (HTTPS with the serving certificate `control_tls` picks: configured, or self-signed in
+    cluster mode; published in the SwapNode)
     policy loop, runtime watch, adoption of the models a previous agent held
 
 `run_agent(settings)` returns when SIGTERM or SIGINT arrives, after closing everything it
 opened. Triton itself is not started here: the supervisor (or local mode, or a test) runs
 it and tells the agent its pid through the pid source. A setting that cannot work here
-(cuda-vmm without a usable GPU, a kubeconfig that does not load) ends `run_agent` with one
+(cuda-vmm without a usable GPU, a kubeconfig that does not load, a configured serving
+certificate that does not load) ends `run_agent` with one
 line on stderr naming it and status 2, before anything is started.
 """
 
@@ -37,6 +40,7 @@ from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.backend import AgentBackend
 from modelswap_sidecar.agent.cluster_heartbeat import node_heartbeat
+from modelswap_sidecar.agent.control_tls import control_certificate
 from modelswap_sidecar.agent.desired_file import load_entries
 from modelswap_sidecar.agent.errors import StartupError
 from modelswap_sidecar.agent.gateway_directory import AgentDirectory
@@ -121,9 +125,11 @@ async def assembled(
     cuda_options: dict[str, object] | None = None,
     prober: Prober | None = None,
 ) -> AsyncIterator[Agent]:
-    """Every part built and started; all of it closed on exit. `choose` (the `auto`
+    """Every part built and started; all of it closed on exit (the serving certificate
+    first: a configured one that cannot be used raises `StartupError`). `choose` (the `auto`
     decision), `cuda_options` (to `CudaVmmAllocator`) and `prober` (the link probe) are
     for tests. Raises `StartupError` naming the setting when the allocator cannot start."""
+    certificate = control_certificate(settings)  # a bad configured one ends here, named
     allocator, inventory = build_allocator(settings, choose=choose, cuda_options=cuda_options)
     try:
         links = await measure_links(settings, inventory, prober=prober)
@@ -222,8 +228,7 @@ async def assembled(
             port=settings.control_port,
             grace_seconds=settings.grace_seconds,
             fencing_enabled=not settings.local_mode,
-            tls_cert_file=settings.tls_cert_file,
-            tls_key_file=settings.tls_key_file,
+            tls=certificate,
         ),
         clock=time.monotonic,
     )
@@ -398,6 +403,7 @@ async def _run(settings: AgentSettings, stop: asyncio.Event, api: Any) -> int:
             agent.inventory.backend,
             len(agent.inventory.gpus),
         )
+        tls = agent.service.settings.tls
         async with node_heartbeat(  # cluster mode only: SwapNode + node Lease
             settings,
             agent.actuator,
@@ -410,6 +416,7 @@ async def _run(settings: AgentSettings, stop: asyncio.Event, api: Any) -> int:
                 if agent.inventory.backend != "sim"
                 else None
             ),
+            certificate_pem=tls.certificate_pem if tls is not None else None,
             api=api,
         ):
             await stop.wait()

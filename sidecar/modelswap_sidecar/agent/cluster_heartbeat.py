@@ -85,10 +85,13 @@ async def node_heartbeat(
     gateway_port: int | None,
     links: Sequence[Link] | None = None,
     products: Sequence[str] | None = None,
+    certificate_pem: str | None = None,
     api: Any = None,
 ) -> AsyncIterator[Heartbeat | None]:
-    """`links`/`products` per GPU (cuda-vmm: probed at start); None: sim links. `api`: an
-    API client built already (`kube_access.api_client`), else one is built here."""
+    """`links`/`products` per GPU (cuda-vmm: probed at start); None: sim links.
+    `certificate_pem`: the control API's serving certificate, published in the SwapNode
+    (the endpoint is then https); None: plain HTTP. `api`: an API client built already
+    (`kube_access.api_client`), else one is built here."""
     access = settings.kube
     if access is None or settings.local_mode:
         yield None
@@ -97,7 +100,7 @@ async def node_heartbeat(
     from modelswap_sidecar.heartbeat.cluster import KubeNodeCluster  # noqa: PLC0415
 
     host = advertised_host(settings)
-    scheme = "https" if settings.tls_cert_file is not None else "http"
+    scheme = "https" if certificate_pem is not None else "http"
     reporter = NodeReporter(
         actuator,
         node_name=settings.node_name,
@@ -107,6 +110,7 @@ async def node_heartbeat(
         products=products,
         control_endpoint=url(scheme, host, control_port),
         gateway_endpoint=url("http", host, gateway_port) if gateway_port else None,
+        certificate_pem=certificate_pem,
     )
     kubeconfig = str(access.kubeconfig) if access.kubeconfig is not None else None
     if api is None:

@@ -9,7 +9,8 @@
   as `state` (`Resident`, `SwappedOut`, `Loading`, …), GPU, generation, `desired`,
   resident and host-store bytes, swap counts, the last swap-in's duration, the last
   request time, and `reason` (CamelCase) with `message` (for people);
-- the agent version and the URLs of its control API and gateway.
+- the agent version, the URLs of its control API and gateway, and the control API's
+  serving certificate (PEM; the operator pins it).
 
 Every figure here changes only when something happens to a model (a load, a swap, an
 unload) — the last request time too, since it is shown in steps of at least
@@ -88,8 +89,10 @@ class NodeReporter:
         products: Sequence[str] | None = None,
         control_endpoint: str | None,
         gateway_endpoint: str | None,
+        certificate_pem: str | None = None,
     ) -> None:
-        """`links` per GPU (cuda-vmm: the probed links), or sim links at `link_gbps`."""
+        """`links` per GPU (cuda-vmm: the probed links), or sim links at `link_gbps`;
+        `certificate_pem`: the control API's serving certificate (None: plain HTTP)."""
         if links is None:
             links = tuple(
                 Link(kind="sim", host_to_device_gbps=g, device_to_host_gbps=g) for g in link_gbps
@@ -105,6 +108,7 @@ class NodeReporter:
         self.products = tuple(products) if products is not None else None
         self.control_endpoint = control_endpoint
         self.gateway_endpoint = gateway_endpoint
+        self.certificate_pem = certificate_pem
         self.request_times = RequestTimeSteps()
 
     def __call__(self) -> NodeReport:
@@ -147,6 +151,7 @@ class NodeReporter:
             agent_version=self.agent_version,
             endpoint=self.control_endpoint,
             gateway_endpoint=self.gateway_endpoint,
+            certificate=self.certificate_pem,
             gpus=gpus,
             models=tuple(models),
         )

@@ -21,7 +21,12 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
                   trustEnv: true}
     modelRoots: {/models: /srv/models}   # mounted-source prefix -> where it is on this host
     control: {host: 0.0.0.0, port: 9443, tokenFile: /etc/modelswap/token, graceSeconds: 90,
-              tlsCertFile: null, tlsKeyFile: null}
+              tls: auto,            # auto | off. auto: HTTPS with tlsCertFile/tlsKeyFile
+                                    # when set, else (cluster mode, a `kube` section) with a
+                                    # key and self-signed certificate made at start; plain
+                                    # HTTP without either (local mode). off: plain HTTP.
+              tlsCertFile: null, tlsKeyFile: null}   # the certificate is published in
+                                    # the SwapNode (status.certificate), the operator pins it
     metrics: {host: 0.0.0.0, port: 9090}     # port 0: no metrics server
     gateway: {host: 0.0.0.0, port: 8080}     # KServe v2 + OpenAI; port 0: no gateway
     triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
@@ -61,6 +66,9 @@ from modelswap_sidecar.allocators.base import GRANULARITY_BYTES
 from modelswap_sidecar.heartbeat.settings import DEFAULT_LEASE_NAMESPACE, HeartbeatSettings
 
 ALLOCATORS = ("sim", "cuda-vmm", "auto")
+#: `control.tls`: `auto` serves HTTPS in cluster mode or with a configured certificate;
+#: `off` keeps plain HTTP (local mode, tests that ask for it).
+TLS_MODES = ("auto", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +153,8 @@ class AgentSettings:
     control_port: int = 9443
     token_file: Path
     grace_seconds: float = 90.0
+    #: `control.tls` (TLS_MODES); what it gives: `agent.control_tls.control_certificate`.
+    control_tls: str = "auto"
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     metrics_host: str = "0.0.0.0"
@@ -230,6 +240,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     except Exception as e:  # PolicyError is not a ValueError
         raise SettingsError(f"defaults: {e}") from e
     local_mode = bool(_get(doc, "localMode", False))
+    tls_mode, tls_cert_file, tls_key_file = _control_tls(control)
     return AgentSettings(
         node_name=str(node_name),
         local_mode=local_mode,
@@ -251,8 +262,9 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         control_port=int(_get(control, "port", 9443)),
         token_file=_required_path(control, "tokenFile", "control."),
         grace_seconds=float(_get(control, "graceSeconds", 90.0)),
-        tls_cert_file=_path(control, "tlsCertFile", "control.", required=False),
-        tls_key_file=_path(control, "tlsKeyFile", "control.", required=False),
+        control_tls=tls_mode,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
         metrics_host=str(_get(metrics, "host", "0.0.0.0")),
         metrics_port=int(_get(metrics, "port", 0)),
         gateway_host=str(_get(gateway, "host", "0.0.0.0")),
@@ -277,6 +289,22 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         json_logs=bool(_get(doc, "jsonLogs", True)),
         kube=_kube(doc.get("kube"), str(node_name), local_mode=local_mode),
     )
+
+
+def _control_tls(control: Mapping[str, Any]) -> tuple[str, Path | None, Path | None]:
+    """`control.tls` and the configured certificate files: both files or neither, and
+    none with `tls: off`."""
+    mode = str(_get(control, "tls", "auto"))
+    if mode not in TLS_MODES:
+        raise SettingsError(f"control.tls: {mode!r} is not one of {', '.join(TLS_MODES)}")
+    cert = _path(control, "tlsCertFile", "control.", required=False)
+    key = _path(control, "tlsKeyFile", "control.", required=False)
+    if (cert is None) != (key is None):
+        missing = "tlsKeyFile" if key is None else "tlsCertFile"
+        raise SettingsError(f"control.{missing} is required with the other TLS file")
+    if mode == "off" and cert is not None:
+        raise SettingsError("control.tlsCertFile: set, but control.tls is off")
+    return mode, cert, key
 
 
 def _gpus(raw: Any, allocator: str) -> tuple[SimGpu, ...]:

@@ -73,13 +73,8 @@ def make_app(service: ControlService, token: TokenFile) -> web.Application:
 
 
 def ssl_context_of(settings: ControlSettings) -> ssl.SSLContext | None:
-    """HTTPS with the agent's certificate when one is configured (not in local mode)."""
-    if settings.tls_cert_file is None or settings.tls_key_file is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-    return context
+    """HTTPS with the agent's serving certificate when it has one (not in local mode)."""
+    return settings.tls.server_context() if settings.tls is not None else None
 
 
 async def start(app: web.Application) -> web.AppRunner:

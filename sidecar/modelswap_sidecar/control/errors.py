@@ -5,7 +5,8 @@ ControlError
 ├── RefusedError         409: an older term or revision, another node's set, a model still
 │                        desired, a load while fenced, a backend's refusal; carries `reason`
 ├── UnknownModelError    404: no model with that uid on this node (backends raise it)
-└── BackendError         the backend broke its contract (500)
+├── BackendError         the backend broke its contract (500)
+└── CertificateError     the serving certificate cannot be made, read or loaded
 """
 
 from __future__ import annotations
@@ -36,3 +37,7 @@ class UnknownModelError(ControlError, LookupError):
 
 class BackendError(ControlError):
     """The backend answered something its interface rules out."""
+
+
+class CertificateError(ControlError):
+    """The control API's serving certificate cannot be made, read or loaded."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelswap_sidecar.control.certificate import ServingCertificate
+
 
 @dataclass(frozen=True, kw_only=True)
 class ControlSettings:
@@ -22,6 +24,6 @@ class ControlSettings:
     fencing_enabled: bool = True
     unload_check_interval_seconds: float = 1.0
     max_body_bytes: int = 16 << 20
-    #: The agent certificate the operator issues; both unset: plain HTTP (local mode, tests).
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
+    #: HTTPS with this certificate (self-signed at start or configured; the SwapNode
+    #: publishes it and the operator pins it); None: plain HTTP (local mode, tests).
+    tls: ServingCertificate | None = None
