@@ -53,3 +53,8 @@ bench-swap: setup ## swap-in/out vs the copy ceiling (sim), then a run paced to 
 	$(BIN)/python -m bench.swap
 	$(BIN)/python -m bench.swap --pace-gbps $(BENCH_PACE_GBPS)
 	$(BIN)/python -m bench.render
+
+.PHONY: bench-planner
+bench-planner: setup ## the operator's planner: 2,000 models over 100 nodes, cold/warm/node loss; writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.planner
+	$(BIN)/python -m bench.render
