@@ -7,7 +7,9 @@ describes the same shapes and a test keeps the two in step.
 
 `parse_desired_set` turns a request body into a `DesiredSet`, checking what the types
 cannot say (bounds, unique UIDs, each entry's spec against the ModelDeployment CRD schema
-and its CEL rules); every failure names the field (`entries[2].spec.model.weightsBytes`).
+and its CEL rules, each entry's effective policy complete and within the same bounds);
+every failure names the field (`entries[2].spec.model.weightsBytes`,
+`entries[0].policy.idleAfter`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any, Literal, Self
 from modelswap_api import codec
 from modelswap_api import field_errors as fe
 from modelswap_api.defaults import spec_schema
-from modelswap_api.errors import ModelError, ResourceError
+from modelswap_api.errors import ModelError, PolicyError, ResourceError
 from modelswap_api.field_errors import FieldError, join_path
-from modelswap_api.models import GpuStatus, ModelDeploymentSpec, Phase
+from modelswap_api.models import EffectivePolicyStatus, GpuStatus, ModelDeploymentSpec, Phase
+from modelswap_api.policy import EffectivePolicy
 from modelswap_api.validation import SchemaValidator
 
 Outcome = Literal["applied", "deferred", "stale", "conflict"]
@@ -80,6 +83,10 @@ class DesiredEntry(_Wire):
     credentials: SourceCredentials | None = None
     #: UUID of the GPU the operator placed the model on; unset: the agent chooses.
     gpu: str | None = None
+    #: The effective policy (the spec's policy fields merged over the cluster defaults, as
+    #: in the ModelDeployment's status.effectivePolicy); every field set. Unset: the agent
+    #: merges over its own defaults.
+    policy: EffectivePolicyStatus | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +245,21 @@ def _check_entry(entry: DesiredEntry, path: str) -> None:
             raise ModelError(join_path(path, name), "must not be empty")
     if entry.generation < 1:
         raise ModelError(join_path(path, "generation"), "must be 1 or more")
+    if entry.policy is not None:
+        _check_policy(entry.policy, join_path(path, "policy"))
+
+
+def _check_policy(policy: EffectivePolicyStatus, path: str) -> None:
+    """Every field set and each as the CRD bounds the spec field it merges (durations,
+    non-negative numbers, enums, cross-field rules); ResourceError naming `path.<field>`."""
+    try:
+        EffectivePolicy.from_status(policy)
+    except PolicyError as e:
+        errors = [
+            FieldError(join_path(path, c.path) if c.path else path, c.reason, c.message)
+            for c in e.errors
+        ]
+        raise ResourceError(sorted(errors), "invalid desired entry") from e
 
 
 @functools.cache

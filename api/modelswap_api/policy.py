@@ -3,6 +3,10 @@
 The CRD's cross-field rules hold for the spec alone; merging can still break them (a spec
 `minResident: 10m` over a default `idleAfter: 5m`). The merged sections are re-checked with
 the same CEL rules, and a failure names both fields and where each value came from.
+
+`EffectivePolicy.from_status(status)` reads a merged policy back from its wire form
+(`status.effectivePolicy`, a desired entry's `policy`), checked as complete cluster
+defaults are: every field set, each within the CRD's bounds and cross-field rules.
 """
 
 from __future__ import annotations
@@ -20,6 +24,21 @@ from modelswap_api.models import EffectivePolicyStatus, KvMode, OnSwapOut
 from modelswap_api.quantities import Duration, Quantity
 from modelswap_api.validation import SchemaValidator
 
+#: Each `EffectivePolicyStatus` wire field → the spec section and field it is merged from.
+STATUS_FIELDS: Mapping[str, tuple[str, str]] = {
+    "idleAfter": ("swapPolicy", "idleAfter"),
+    "minResident": ("swapPolicy", "minResident"),
+    "priority": ("swapPolicy", "priority"),
+    "pinned": ("swapPolicy", "pinned"),
+    "onSwapOut": ("swapPolicy", "onSwapOut"),
+    "kv": ("swapPolicy", "kv"),
+    "offloadAfterTokens": ("kvCache", "offloadAfterTokens"),
+    "kvHostBytes": ("kvCache", "hostBytes"),
+    "maxQueued": ("gateway", "maxQueued"),
+    "queueTimeout": ("gateway", "queueTimeout"),
+}
+_STATUS_FIELD_OF = {merged: name for name, merged in STATUS_FIELDS.items()}
+
 
 @dataclass(frozen=True)
 class EffectivePolicy:
@@ -35,6 +54,26 @@ class EffectivePolicy:
     kv_host_bytes: int
     max_queued: int
     queue_timeout: Duration
+
+    @classmethod
+    def from_status(cls, status: EffectivePolicyStatus) -> EffectivePolicy:
+        """The policy `status` describes (`to_status`'s inverse). PolicyError whose
+        FieldErrors name the status field (`idleAfter`, `kvHostBytes`, …) when one is
+        missing, out of bounds (a malformed duration, a negative number) or breaks a
+        cross-field rule (`minResident` longer than `idleAfter`)."""
+        sections: dict[str, dict[str, Any]] = {section: {} for section in POLICY_SECTIONS}
+        for name, value in status.to_dict().items():
+            section, key = STATUS_FIELDS[name]
+            sections[section][key] = value
+        try:
+            checked = check_defaults(sections)
+        except PolicyError as e:
+            errors = [
+                FieldError(_status_path(error.path), error.reason, error.message)
+                for error in e.errors
+            ]
+            raise PolicyError(errors, "invalid effective policy") from e
+        return _policy_of(checked)
 
     def to_status(self) -> EffectivePolicyStatus:
         return EffectivePolicyStatus(
@@ -70,6 +109,11 @@ def effective_policy(spec: Mapping[str, Any], defaults: Mapping[str, Any]) -> Ef
     errors = list(_merged_rule_errors(merged, origin))
     if errors:
         raise PolicyError(errors, "effective policy is invalid")
+    return _policy_of(merged)
+
+
+def _policy_of(merged: Mapping[str, Mapping[str, Any]]) -> EffectivePolicy:
+    """The policy from complete, checked policy sections (wire form)."""
     swap, kv_cache, gateway = merged["swapPolicy"], merged["kvCache"], merged["gateway"]
     return EffectivePolicy(
         idle_after=Duration(swap["idleAfter"]),
@@ -83,6 +127,15 @@ def effective_policy(spec: Mapping[str, Any], defaults: Mapping[str, Any]) -> Ef
         max_queued=int(gateway["maxQueued"]),
         queue_timeout=Duration(gateway["queueTimeout"]),
     )
+
+
+def _status_path(defaults_path: str) -> str:
+    """`defaults.swapPolicy.idleAfter` (a `check_defaults` path) → `idleAfter`; a path
+    naming no single field → the policy itself ("")."""
+    parts = defaults_path.split(".")
+    if len(parts) >= 3 and (parts[1], parts[2]) in _STATUS_FIELD_OF:
+        return _STATUS_FIELD_OF[(parts[1], parts[2])]
+    return ""
 
 
 def _merged_rule_errors(

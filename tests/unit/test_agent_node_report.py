@@ -4,6 +4,7 @@ hosted-model fields the operator reads, checked against the SwapNode CRD's schem
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from modelswap_api import codec, crds
 from modelswap_api.models import HostedModel, SwapNodeStatus
@@ -16,9 +17,9 @@ from modelswap_sidecar.agent.node_report import (
 )
 
 
-def status_schema() -> dict[str, object]:
+def status_schema() -> dict[str, Any]:
     version = crds.version_of(crds.crd_for(crds.SWAP_NODE), crds.VERSION)
-    schema: dict[str, object] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     return schema
 
 
@@ -52,14 +53,14 @@ def test_texts_are_cut_to_the_crd_bounds() -> None:
 
 def test_every_hosted_model_field_is_in_the_swapnode_schema_and_a_full_one_validates() -> None:
     schema = status_schema()
-    items = schema["properties"]["models"]["items"]  # type: ignore[index]
+    items = schema["properties"]["models"]["items"]
     wire = {codec.wire_name(f) for f in dataclasses.fields(HostedModel)}
     assert wire == set(items["properties"])
     for name, node in items["properties"].items():
         if node["type"] == "string":
             assert "maxLength" in node, name
     status_wire = {codec.wire_name(f) for f in dataclasses.fields(SwapNodeStatus)}
-    assert status_wire == set(schema["properties"])  # type: ignore[arg-type]
+    assert status_wire == set(schema["properties"])
 
     model = HostedModel(
         uid="0b6e0d2e-1b7c-4a44-8f4e-0d3c1f0a9b11",

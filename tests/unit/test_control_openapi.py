@@ -41,6 +41,7 @@ WIRE_TYPES: dict[str, type[Any]] = {
     "ActionResult": control.ActionResult,
     "Cause": control.Cause,
     "ErrorBody": control.ErrorBody,
+    "EffectivePolicy": models.EffectivePolicyStatus,
     "GpuStatus": models.GpuStatus,
     "Link": models.Link,
 }

@@ -1,7 +1,8 @@
 """`AgentBackend`: the control API's `NodeBackend` over the real engine, sources and Triton.
 
-`converge` answers at once: per entry it computes the effective policy (a policy that is
-only wrong after the merge over the cluster defaults is a `conflict` naming both fields),
+`converge` answers at once: per entry it takes the effective policy the entry carries
+(`policy`; without one it merges the spec over its own `defaults`, where a policy that is
+only wrong after the merge is a `conflict` naming both fields),
 updates a held model's policy in place (the engine's pinned/priority/KV mode too), and
 places a new one (`placement.place`): `applied` when a GPU admits it (the load then runs
 in the background and shows in `models()`), `deferred` with the reason when none does.
@@ -70,6 +71,11 @@ class AgentBackend:
         return self.actuator.records
 
     def policy_of(self, entry: DesiredEntry) -> EffectivePolicy:
+        """The entry's effective policy as its sender merged it (the operator, from the
+        cluster defaults it is configured with); PolicyError naming the field."""
+        if entry.policy is not None:
+            return EffectivePolicy.from_status(entry.policy)
+        # Fallback for senders without `policy`; it goes once every sender sends the policy.
         return effective_policy(entry.spec.to_dict(), self.defaults)
 
     # -- NodeBackend ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Pure: the agent's desired set from the local models, as the operator would send it.
 
 Local mode is the only writer, so the revision's term is always 1 and its counter grows
-with each push. A model's generation starts at 1 and grows whenever its spec changes
-(as `metadata.generation` does in a cluster).
+with each push. A model's generation starts at 1 and grows whenever its spec changes (as
+`metadata.generation` does in a cluster). Each entry carries the model's effective policy
+(merged over the local defaults when its file was read), as the operator's entries do.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def desired_set(
             name=m.name,
             generation=generations.of(m),
             spec=ModelDeploymentSpec.from_dict(m.spec),
+            policy=m.policy.to_status(),
         )
         for m in sorted(models, key=lambda m: m.uid)
     )
