@@ -46,19 +46,21 @@ def demand_of(uid: str, model: ModelSpec, policy: EffectivePolicy) -> Demand:
     weights_bytes = model.weights_bytes.bytes
     kv_cache_bytes = model.kv_cache_bytes.bytes if model.kv_cache_bytes else 0
     preserved_kv_bytes = kv_cache_bytes if policy.kv == "preserve" else 0
+    # A model without a KV cache has no host KV tier, whatever the defaults say.
+    kv_host_bytes = policy.kv_host_bytes if kv_cache_bytes else 0
     return Demand(
         uid=uid,
         weights_bytes=weights_bytes,
         kv_cache_bytes=kv_cache_bytes,
         preserved_kv_bytes=preserved_kv_bytes,
-        kv_host_bytes=policy.kv_host_bytes,
+        kv_host_bytes=kv_host_bytes,
         pinned=policy.pinned,
         priority=policy.priority,
         hbm_bytes=weights_bytes + kv_cache_bytes,
         # Weights count even with `onSwapOut: drop`, where the agent keeps no weight copy in
         # the host store: conservative on purpose, so that switching a model to `host`
         # never needs a move, and a dropped model's reload still needs host memory.
-        host_bytes=weights_bytes + preserved_kv_bytes + policy.kv_host_bytes,
+        host_bytes=weights_bytes + preserved_kv_bytes + kv_host_bytes,
     )
 
 

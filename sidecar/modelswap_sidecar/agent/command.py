@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelswap_api.logs import configure_logging
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.settings import load_settings
-from modelswap_api.logs import configure_logging
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def kv_pool_settings(policy: EffectivePolicy, kv_cache_bytes: int) -> KvPoolSett
 
 def host_bytes_needed(policy: EffectivePolicy, weights_bytes: int, kv_cache_bytes: int) -> int:
     """Host-store bytes of a model: its weight copy (kept only with `onSwapOut: host`), its
-    KV cache when preserved across swaps, and the host KV tier."""
+    KV cache when preserved across swaps, and the host KV tier (none without a KV cache)."""
     weights = weights_bytes if policy.on_swap_out == "host" else 0
     preserved = kv_cache_bytes if policy.kv == "preserve" else 0
-    return weights + preserved + policy.kv_host_bytes
+    return weights + preserved + (policy.kv_host_bytes if kv_cache_bytes else 0)

@@ -1,0 +1,40 @@
+"""Every exception of the operator package.
+
+OperatorError
+├── SettingsError        a flag, environment value or defaults file is invalid
+└── AgentError           a node agent's control API call failed
+    ├── AgentUnreachable connection refused, reset or timed out
+    ├── AgentUntrusted   the agent's certificate is not the one its SwapNode publishes,
+    │                    or it offers plain HTTP where that is off
+    └── AgentRefused     the agent answered 4xx/5xx (`status`, `reason`, `field`)
+"""
+
+from __future__ import annotations
+
+
+class OperatorError(Exception):
+    pass
+
+
+class SettingsError(OperatorError):
+    pass
+
+
+class AgentError(OperatorError):
+    pass
+
+
+class AgentUnreachable(AgentError):  # noqa: N818 - reads as a state, like the API's reasons
+    pass
+
+
+class AgentUntrusted(AgentError):  # noqa: N818
+    pass
+
+
+class AgentRefused(AgentError):  # noqa: N818
+    def __init__(self, message: str, *, status: int, reason: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.field = field

@@ -1,0 +1,554 @@
+"""The planner loop: one plan per batch of changes, then pushes, releases, routes, status.
+
+kopf's handlers only put objects into the `Cache` and ring its `changed` event; this loop
+is the only place that decides or writes anything, so two plans never pack models into
+the same free bytes. A turn:
+
+1. lists the node Leases (staleness is a matter of time, which no watch reports): a node
+   whose Lease was renewed within the grace period is live; the rest are lost;
+2. plans every live ModelDeployment over the live SwapNodes, keeping each model where its
+   status (or the previous turn) put it unless it must move (`planner.plan`, pure);
+3. builds each live node's full desired set (`desired`), checking every entry as the agent
+   will, and pushes it when it changed, when the last push failed, or every grace/3;
+4. releases deleted models: once a node's accepted set no longer holds a uid, asks it to
+   forget the uid (HBM and host bytes); the finalizer waits for that (`is_released`);
+   a uid a node reports that no ModelDeployment has any more is released the same way;
+5. points each placed model's Service and EndpointSlice at its node's gateway;
+6. writes each ModelDeployment's status when it changed (one patch per object per turn),
+   with an Event for every condition that changed.
+Assignments are kept in `status.node`/`status.gpu`, so a restarted operator plans from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from modelswap_api import kube
+from modelswap_api.control import DesiredEntry, DesiredSet, EntryResult, SourceCredentials
+from modelswap_api.errors import ContractError
+from modelswap_api.models import HostedModel, ModelDeployment, SwapNode
+from modelswap_operator import desired, planner, routing
+from modelswap_operator.agents import AgentAddress, AgentClients
+from modelswap_operator.cache import Body, Cache, Snapshot
+from modelswap_operator.errors import AgentError, AgentRefused
+from modelswap_operator.events import EventRecorder
+from modelswap_operator.kubeio import KubeIO
+from modelswap_operator.metrics import OperatorMetrics
+from modelswap_operator.settings import OperatorSettings
+from modelswap_operator.status import (
+    Observed,
+    Verdict,
+    build_status,
+    events_between,
+    status_changed,
+)
+from modelswap_operator.tokens import TokenSource
+
+log = logging.getLogger(__name__)
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def live_nodes(
+    swapnodes: Mapping[str, Body], leases: Mapping[str, Body], now: float, grace_seconds: float
+) -> set[str]:
+    """Nodes with a SwapNode whose Lease was renewed within the grace period."""
+    live = set()
+    for name in swapnodes:
+        spec = (leases.get(name) or {}).get("spec") or {}
+        renewed = _parse_time(spec.get("renewTime"))
+        if renewed is not None and now - renewed <= grace_seconds:
+            live.add(name)
+    return live
+
+
+def reported_models(swapnode: Body) -> dict[str, HostedModel]:
+    """The models a SwapNode's status lists, by uid."""
+    found = {}
+    for model in (swapnode.get("status") or {}).get("models") or ():
+        try:
+            hosted = HostedModel.from_dict(model)
+        except ContractError:
+            continue
+        found[hosted.uid] = hosted
+    return found
+
+
+def _deleting(body: Body) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _deployment(body: Body) -> ModelDeployment:
+    return ModelDeployment.from_dict(
+        {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    )
+
+
+@dataclass
+class _Sent:
+    """The last set pushed to a node and how it went."""
+
+    entries: list[DesiredEntry]
+    at: float
+    ok: bool
+    error: str | None = None
+    results: dict[str, EntryResult] = field(default_factory=dict)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        cache: Cache,
+        *,
+        io: KubeIO,
+        agents: AgentClients,
+        events: EventRecorder,
+        metrics: OperatorMetrics,
+        term: Callable[[], int],
+        tokens: TokenSource,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.io = io
+        self.agents = agents
+        self.events = events
+        self.metrics = metrics
+        self.term = term
+        self.tokens = tokens
+        self.clock = clock
+        self.router = routing.Router(io)
+        self._counter = 0
+        self._assignments: dict[str, planner.Assignment] = {}
+        self._sent: dict[str, _Sent] = {}
+        self._forgotten: set[tuple[str, str]] = set()
+        self._released: set[str] = set()
+        self._routed: dict[str, tuple[str, str]] = {}
+        self._statuses: dict[str, dict[str, Any]] = {}
+        self._release_waiters: dict[str, asyncio.Event] = {}
+        self._ready = asyncio.Event()
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List every kind once (the cache is then complete), then turn on each batch of
+        changes or each tick."""
+        await self._complete_cache()
+        self._ready.set()
+        while True:
+            try:
+                await asyncio.wait_for(self.cache.changed.wait(), self.settings.tick_seconds)
+                await asyncio.sleep(self.settings.batch_seconds)  # let a burst gather
+            except TimeoutError:
+                pass
+            self.cache.changed.clear()
+            started = time.monotonic()
+            try:
+                await self.turn()
+            except kube.KubeError as e:
+                log.warning("reconcile turn stopped by the API server: %s", e)
+                self.router.forget()
+            self.metrics.turns.inc()
+            self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    @property
+    def ready(self) -> bool:
+        """The caches are complete and the loop is turning (for /readyz)."""
+        return self._ready.is_set()
+
+    async def _complete_cache(self) -> None:
+        while True:
+            try:
+                namespaces = self.settings.namespaces or (None,)
+                bodies: list[Body] = []
+                for namespace in namespaces:
+                    bodies += await self.io.call(kube.list_model_deployments, namespace)
+                self.cache.complete_deployments(bodies)
+                self.cache.complete_swapnodes(await self.io.call(kube.list_swapnodes))
+                return
+            except kube.KubeError as e:
+                log.warning("listing ModelDeployments and SwapNodes failed, retrying: %s", e)
+                await asyncio.sleep(self.settings.tick_seconds)
+
+    def is_released(self, uid: str) -> bool:
+        """A deleted model's bytes are gone from every live node (the finalizer may go)."""
+        return uid in self._released
+
+    async def wait_released(self, uid: str, timeout_seconds: float) -> bool:
+        """Wait until `is_released(uid)`; False at the deadline."""
+        if uid in self._released:
+            return True
+        event = self._release_waiters.setdefault(uid, asyncio.Event())
+        self.cache.changed.set()
+        try:
+            await asyncio.wait_for(event.wait(), timeout_seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- one turn ------------------------------------------------------------------------------
+
+    async def turn(self) -> None:
+        await self.tokens.ensure()
+        leases = await self.io.call(kube.list_leases, self.settings.node_lease_namespace)
+        self.cache.set_leases(leases)
+        snap = self.cache.snapshot()
+        now = self.clock()
+        live = live_nodes(snap.swapnodes, snap.leases, now, self.settings.grace_seconds)
+        reports = {name: reported_models(snap.swapnodes[name]) for name in live}
+
+        deployments: dict[str, ModelDeployment] = {}
+        broken: dict[str, str] = {}
+        for uid, body in snap.deployments.items():
+            try:
+                deployments[uid] = _deployment(body)
+            except ContractError as e:
+                broken[uid] = str(e)
+        active = [d for uid, d in deployments.items() if not _deleting(snap.deployments[uid])]
+
+        verdicts = await self._plan(snap, live, active)
+        entries = await self._entries(live, active, verdicts)
+        await self._push_all(snap, live, entries, now)
+        await self._release_all(snap, live, reports)
+        routed = await self._route_all(snap, live, verdicts)
+        await self._write_statuses(
+            snap=snap,
+            deployments=deployments,
+            verdicts=verdicts,
+            live=live,
+            reports=reports,
+            routed=routed,
+        )
+        self.metrics.nodes.labels("true").set(len(live))
+        self.metrics.nodes.labels("false").set(len(snap.swapnodes) - len(live))
+        placed = sum(1 for v in verdicts.values() if v.node is not None)
+        self.metrics.models.labels("true").set(placed)
+        self.metrics.models.labels("false").set(len(verdicts) - placed)
+
+    async def _plan(
+        self, snap: Snapshot, live: set[str], active: list[ModelDeployment]
+    ) -> dict[str, Verdict]:
+        nodes = []
+        for name in sorted(live):
+            try:
+                nodes.append(SwapNode.from_dict(snap.swapnodes[name]))
+            except ContractError as e:
+                log.warning("SwapNode %s cannot be read, leaving it out: %s", name, e)
+        assignments = dict(self._assignments)
+        for deployment in active:
+            uid = str(deployment.metadata["uid"])
+            status = snap.deployments[uid].get("status") or {}
+            if uid not in assignments and status.get("node") and status.get("gpu"):
+                assignments[uid] = planner.Assignment(node=status["node"], gpu=status["gpu"])
+        started = time.monotonic()
+        plan = planner.plan(nodes, active, assignments, self.settings.defaults)
+        self.metrics.plan_seconds.observe(time.monotonic() - started)
+        self._assignments = {
+            uid: planner.Assignment(node=p.node, gpu=p.gpu) for uid, p in plan.placed.items()
+        }
+        verdicts = {}
+        for uid, p in plan.placed.items():
+            verdicts[uid] = Verdict(node=p.node, gpu=p.gpu, policy=p.policy, reason=p.reason,
+                                    message=p.message)  # fmt: skip
+        for uid, u in plan.unplaced.items():
+            verdicts[uid] = Verdict(policy=u.policy, reason=u.reason, message=u.message,
+                                    problem_field=u.field,
+                                    policy_invalid=u.reason == "PolicyInvalid")  # fmt: skip
+        return verdicts
+
+    async def _entries(
+        self, live: set[str], active: list[ModelDeployment], verdicts: dict[str, Verdict]
+    ) -> dict[str, list[DesiredEntry]]:
+        """Each live node's set; a model whose entry cannot be sent gets its problem in its
+        verdict instead (and is not sent: the agent would refuse the whole set)."""
+        by_node: dict[str, list[DesiredEntry]] = {name: [] for name in live}
+        secrets: dict[tuple[str, str], Body | None] = {}
+        for deployment in active:
+            uid = str(deployment.metadata["uid"])
+            verdict = verdicts.get(uid)
+            if verdict is None or verdict.node is None or verdict.policy is None:
+                continue
+            credentials: SourceCredentials | None = None
+            reference = deployment.spec.model.source.credentials_secret_ref
+            if reference is not None:
+                key = (deployment.namespace, reference.name)
+                if key not in secrets:
+                    secrets[key] = await self.io.call(kube.read_secret, *key)
+                try:
+                    credentials = desired.credentials_from_secret(secrets[key], reference.name)
+                except ValueError as e:
+                    field_path = "spec.model.source.credentialsSecretRef"
+                    verdicts[uid] = _with_problem(
+                        verdict, "CredentialsUnavailable", field_path, str(e)
+                    )
+                    continue
+            entry = desired.entry_for(
+                deployment, gpu=verdict.gpu or "", policy=verdict.policy, credentials=credentials
+            )
+            problem = desired.check_entry(entry)
+            if problem is not None:
+                verdicts[uid] = _with_problem(
+                    verdict, problem.reason, problem.field, problem.message
+                )
+                continue
+            by_node[verdict.node].append(entry)
+        return by_node
+
+    async def _push_all(
+        self, snap: Snapshot, live: set[str], entries: dict[str, list[DesiredEntry]], now: float
+    ) -> None:
+        semaphore = asyncio.Semaphore(self.settings.max_parallel_calls)
+
+        async def one(node: str) -> None:
+            async with semaphore:
+                await self._push(snap.swapnodes[node], entries[node], now)
+
+        due = [node for node in sorted(live) if self._push_due(node, entries[node], now)]
+        await asyncio.gather(*(one(node) for node in due))
+
+    def _push_due(self, node: str, entries: list[DesiredEntry], now: float) -> bool:
+        sent = self._sent.get(node)
+        return (
+            sent is None
+            or not sent.ok
+            or not desired.same_entries(sent.entries, entries)
+            or now - sent.at >= self.settings.push_interval_seconds
+        )
+
+    async def _push(self, swapnode: Body, entries: list[DesiredEntry], now: float) -> None:
+        address = AgentAddress.of(swapnode)
+        node = str(swapnode["metadata"]["name"])
+        previous = self._sent.get(node)
+        if address is None:
+            self._sent[node] = _Sent(entries, now, ok=False, error="its SwapNode names no endpoint")
+            return
+        self._counter += 1
+        body = DesiredSet(
+            revision=desired.revision(self.term(), self._counter),
+            entries=tuple(entries),
+            node_name=node,
+        )
+        try:
+            client = await self.agents.for_node(address, self.tokens())
+            result = await client.put_desired(body)
+        except AgentError as e:
+            outcome = type(e).__name__.removeprefix("Agent").lower()
+            self.metrics.pushes.labels(outcome).inc()
+            if previous is None or previous.error != str(e):
+                log.warning("push to node %s failed: %s", node, e)
+            self._sent[node] = _Sent(entries, now, ok=False, error=str(e))
+            return
+        self.metrics.pushes.labels("ok").inc()
+        results = {r.uid: r for r in result.results}
+        for r in result.results:
+            self.metrics.entry_results.labels(r.outcome).inc()
+        if previous is None or not desired.same_entries(previous.entries, entries):
+            log.info("node %s: pushed %d models (revision %s)", node, len(entries), body.revision)
+        self._sent[node] = _Sent(entries, now, ok=True, results=results)
+
+    async def _release_all(
+        self, snap: Snapshot, live: set[str], reports: Mapping[str, Mapping[str, HostedModel]]
+    ) -> None:
+        deleting = {uid for uid, body in snap.deployments.items() if _deleting(body)}
+        orphans = {
+            uid for models in reports.values() for uid in models if uid not in snap.deployments
+        }
+        for uid in sorted(deleting | orphans):
+            holders = {node for node in live if uid in reports[node]}
+            assigned = self._assignments.pop(uid, None)
+            if assigned is not None and assigned.node in live:
+                holders.add(assigned.node)
+            pending = [node for node in sorted(holders) if (node, uid) not in self._forgotten]
+            for node in pending:
+                await self._forget(snap.swapnodes[node], uid)
+            if all((node, uid) in self._forgotten for node in holders):
+                if uid in deleting and uid not in self._released:
+                    body = snap.deployments[uid]
+                    metadata = body["metadata"]
+                    where = sorted(holders) or "no live node"
+                    log.info("released %s/%s (%s) on %s", metadata.get("namespace"),
+                             metadata.get("name"), uid, where)  # fmt: skip
+                    await self._unroute(uid, body)
+                self._released.add(uid)
+                if (waiter := self._release_waiters.pop(uid, None)) is not None:
+                    waiter.set()
+        # Forget what no node reports any more, so the sets stay small.
+        self._forgotten = {(n, u) for n, u in self._forgotten if n in live and u in reports[n]}
+
+    async def _forget(self, swapnode: Body, uid: str) -> None:
+        node = str(swapnode["metadata"]["name"])
+        sent = self._sent.get(node)
+        if sent is None or not sent.ok or any(e.uid == uid for e in sent.entries):
+            return  # the node's accepted set still holds it (or we do not know): next turn
+        address = AgentAddress.of(swapnode)
+        if address is None:
+            return
+        try:
+            client = await self.agents.for_node(address, self.tokens())
+            reason = await client.delete_model(uid)
+        except AgentRefused as e:
+            if e.reason != "StillDesired":
+                log.warning("node %s refused to forget %s: %s", node, uid, e)
+            return
+        except AgentError as e:
+            log.warning("node %s: forgetting %s failed: %s", node, uid, e)
+            return
+        log.info("node %s forgot %s (%s)", node, uid, reason)
+        self._forgotten.add((node, uid))
+
+    async def _unroute(self, uid: str, body: Body) -> None:
+        self._routed.pop(uid, None)
+        metadata = body["metadata"]
+        try:
+            await self.router.remove(metadata["namespace"], metadata["name"])
+        except kube.KubeError as e:
+            log.warning("removing the route of %s failed: %s", uid, e)
+
+    async def _route_all(
+        self, snap: Snapshot, live: set[str], verdicts: Mapping[str, Verdict]
+    ) -> dict[str, tuple[bool, str | None]]:
+        """(routed, problem) per placed uid."""
+        routed: dict[str, tuple[bool, str | None]] = {}
+        for uid, verdict in verdicts.items():
+            body = snap.deployments[uid]
+            if verdict.node is None:
+                if uid in self._routed:
+                    await self._unroute(uid, body)
+                continue
+            gateway = routing.Gateway.parse(
+                ((snap.swapnodes.get(verdict.node) or {}).get("status") or {}).get(
+                    "gatewayEndpoint"
+                )
+            )
+            if gateway is None:
+                routed[uid] = (False, f"node {verdict.node} reports no gateway endpoint")
+                continue
+            metadata = body["metadata"]
+            owner = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                     "name": metadata["name"], "uid": uid}  # fmt: skip
+            try:
+                await self.router.ensure(
+                    metadata["namespace"], owner, gateway, verdict.node, ready=verdict.node in live
+                )
+            except routing.RouteError as e:
+                routed[uid] = (False, str(e))
+                continue
+            except kube.KubeError as e:
+                self.router.forget()
+                routed[uid] = (False, f"writing the Service or EndpointSlice failed: {e}")
+                continue
+            self._routed[uid] = (metadata["namespace"], metadata["name"])
+            routed[uid] = (True, None)
+        return routed
+
+    async def _write_statuses(
+        self,
+        *,
+        snap: Snapshot,
+        deployments: Mapping[str, ModelDeployment],
+        verdicts: Mapping[str, Verdict],
+        live: set[str],
+        reports: Mapping[str, Mapping[str, HostedModel]],
+        routed: Mapping[str, tuple[bool, str | None]],
+    ) -> None:
+        stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for uid, deployment in deployments.items():
+            body = snap.deployments[uid]
+            deleting = _deleting(body)
+            if deleting and uid in self._released:
+                continue  # the finalizer is about to go: nothing more to say
+            verdict = verdicts.get(uid, Verdict(reason="Deleting", message="being deleted"))
+            observed = self._observed(
+                uid=uid,
+                deployment=deployment,
+                verdict=verdict,
+                live=live,
+                reports=reports,
+                routed=routed,
+            )
+            previous = self._statuses.get(uid) or body.get("status")
+            status = build_status(
+                generation=int(deployment.metadata.get("generation") or 1),
+                deleting=deleting,
+                verdict=verdict,
+                observed=observed,
+                previous=previous,
+                now=stamp,
+            )
+            if not status_changed(status, previous):
+                continue
+            patch = {key: None for key in (previous or {}) if key not in status} | status
+            try:
+                await self.io.call(
+                    kube.patch_model_deployment_status,
+                    deployment.namespace,
+                    deployment.name,
+                    {"status": patch},
+                )
+            except kube.NotFound:
+                continue
+            except kube.KubeError as e:
+                self.metrics.status_writes.labels("failed").inc()
+                log.warning("status of %s/%s: %s", deployment.namespace, deployment.name, e)
+                continue
+            self.metrics.status_writes.labels("ok").inc()
+            self._statuses[uid] = status
+            for note in events_between(previous, status):
+                await self.events.post(body, note.type, note.reason, note.message)
+        for uid in set(self._statuses) - set(deployments):
+            del self._statuses[uid]
+
+    def _observed(
+        self,
+        *,
+        uid: str,
+        deployment: ModelDeployment,
+        verdict: Verdict,
+        live: set[str],
+        reports: Mapping[str, Mapping[str, HostedModel]],
+        routed: Mapping[str, tuple[bool, str | None]],
+    ) -> Observed:
+        node = verdict.node
+        if node is None:
+            return Observed()
+        sent = self._sent.get(node)
+        is_routed, route_error = routed.get(uid, (False, None))
+        try:
+            endpoint = routing.endpoint_name(deployment.namespace, deployment.name)
+        except routing.RouteError:
+            endpoint = None
+        return Observed(
+            node_live=node in live,
+            hosted=(reports.get(node) or {}).get(uid),
+            push=sent.results.get(uid) if sent is not None and sent.ok else None,
+            agent_error=sent.error if sent is not None and not sent.ok else None,
+            routed=is_routed,
+            route_error=route_error,
+            endpoint=endpoint,
+        )
+
+
+def _with_problem(verdict: Verdict, reason: str, field_path: str, message: str) -> Verdict:
+    return Verdict(
+        node=verdict.node,
+        gpu=verdict.gpu,
+        policy=verdict.policy,
+        reason=reason,
+        message=message,
+        problem_field=field_path,
+        policy_invalid=False,
+    )

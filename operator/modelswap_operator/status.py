@@ -1,0 +1,259 @@
+"""A ModelDeployment's status from what the operator decided and what its node reports
+(pure), and the Events its changes deserve.
+
+Inputs, for one model: the planner's verdict (placed on a node and GPU, or unplaceable
+with the field at fault), a problem with its entry or its credentials, the node's liveness
+and its SwapNode report of the model (phase, bytes, swap counts, the agent's reason), the
+last push's answer for it, and whether its Service and EndpointSlice are in place.
+
+Conditions (a user acts on their reasons):
+- `PolicyValid`: the spec and its merge over the cluster defaults hold, and the runtime can
+  honour the policy (`UnsupportedRuntime` from the agent);
+- `Placed`: a node and GPU were chosen (False: the reason names the field at fault);
+- `Loaded`: the node holds the model (resident or swapped out: either way it serves);
+- `Ready`: loaded on a live node and routed: a request through its Service is answered.
+A condition keeps its `lastTransitionTime` while its status stays the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from modelswap_api.control import EntryResult
+from modelswap_api.models import Condition, HostedModel, ModelDeploymentStatus
+from modelswap_api.policy import EffectivePolicy
+
+#: Phases in which the node holds the model's bytes (GPU or host): it can serve.
+LOADED_PHASES = frozenset({"Resident", "SwappedOut", "SwappingIn", "SwappingOut"})
+#: Reasons of a False condition that mean "on its way", worth a Normal Event, not a Warning.
+PROGRESS_REASONS = frozenset(
+    {
+        "Loading",
+        "Placed",
+        "NotReported",
+        "NotLoaded",
+        "NotRouted",
+        "NotPlaced",
+        "Deleting",
+        "Pending",
+    }
+)
+CONDITION_TYPES = ("PolicyValid", "Placed", "Loaded", "Ready")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the operator decided for one model this turn."""
+
+    node: str | None = None
+    gpu: str | None = None
+    policy: EffectivePolicy | None = None
+    #: Why it is where it is (`Placed`, `Kept`, `NodeLost`, ...) or why it is nowhere.
+    reason: str = ""
+    message: str = ""
+    #: Set when unplaceable, or when its entry or credentials cannot be sent.
+    problem_field: str | None = None
+    policy_invalid: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the cluster and the node say about the model."""
+
+    node_live: bool = False
+    hosted: HostedModel | None = None
+    push: EntryResult | None = None
+    #: The node's agent could not be reached or trusted (the message says which).
+    agent_error: str | None = None
+    routed: bool = False
+    route_error: str | None = None
+    endpoint: str | None = None
+
+
+def build_status(
+    *,
+    generation: int,
+    deleting: bool,
+    verdict: Verdict,
+    observed: Observed,
+    previous: Mapping[str, Any] | None,
+    now: str,
+) -> dict[str, Any]:
+    """The wire status to write (compare it with `previous` to decide whether to write)."""
+    hosted = observed.hosted
+    placed = verdict.node is not None
+    conditions = [
+        _policy_valid(verdict, hosted),
+        _placed(verdict, previous),
+        _loaded(verdict, observed),
+    ]
+    conditions.append(_ready(conditions[-1], observed, placed))
+    phase = _phase(deleting, placed, hosted)
+    status = ModelDeploymentStatus(
+        phase=phase,  # type: ignore[arg-type]
+        node=verdict.node,
+        gpu=verdict.gpu,
+        endpoint=observed.endpoint if placed else None,
+        resident_bytes=(hosted.resident_bytes or 0) if hosted else 0,
+        host_bytes=(hosted.host_bytes or 0) if hosted else 0,
+        last_request_time=hosted.last_request_time if hosted else None,
+        swap_ins=(hosted.swap_ins or 0) if hosted else 0,
+        swap_outs=(hosted.swap_outs or 0) if hosted else 0,
+        last_swap_in_seconds=hosted.last_swap_in_seconds if hosted else None,
+        effective_policy=verdict.policy.to_status() if verdict.policy else None,
+        observed_generation=generation,
+        conditions=tuple(_keep_transition_times(conditions, previous, now)),
+    )
+    return status.to_dict()
+
+
+def _phase(deleting: bool, placed: bool, hosted: HostedModel | None) -> str:
+    if deleting:
+        return "Deleting"
+    if hosted is not None and hosted.state:
+        return hosted.state
+    return "Placed" if placed else "Pending"
+
+
+def _policy_valid(verdict: Verdict, hosted: HostedModel | None) -> Condition:
+    if verdict.policy_invalid:
+        return Condition(type="PolicyValid", status="False", reason="PolicyInvalid",
+                         message=verdict.message)  # fmt: skip
+    if hosted is not None and hosted.reason == "UnsupportedRuntime":
+        return Condition(type="PolicyValid", status="False", reason="UnsupportedRuntime",
+                         message=hosted.message or "the runtime cannot swap in place")  # fmt: skip
+    return Condition(type="PolicyValid", status="True", reason="Valid",
+                     message="the spec and its merge over the cluster defaults hold")  # fmt: skip
+
+
+def _placed(verdict: Verdict, previous: Mapping[str, Any] | None) -> Condition:
+    if verdict.node is None:
+        message = verdict.message
+        if verdict.problem_field and verdict.problem_field not in message:
+            message = f"{verdict.problem_field}: {message}"
+        return Condition(type="Placed", status="False", reason=verdict.reason or "Pending",
+                         message=message)  # fmt: skip
+    where = f"node {verdict.node}, GPU {verdict.gpu}"
+    if verdict.reason == "Kept":
+        # Staying put: the condition keeps saying how the model got there (a move's reason).
+        before = _condition(previous, "Placed")
+        if before.get("status") == "True" and str(before.get("message", "")).startswith(where):
+            return Condition(type="Placed", status="True", reason=before.get("reason"),
+                             message=before.get("message"))  # fmt: skip
+    reason = "Placed" if verdict.reason in ("", "Kept", "Placed") else verdict.reason
+    message = f"{where}: {verdict.message}" if verdict.message else where
+    return Condition(type="Placed", status="True", reason=reason, message=message)
+
+
+def _loaded(verdict: Verdict, observed: Observed) -> Condition:
+    hosted, push = observed.hosted, observed.push
+    if verdict.node is None:
+        return Condition(type="Loaded", status="False", reason="NotPlaced",
+                         message="the model has no node")  # fmt: skip
+    if verdict.problem_field is not None:
+        return Condition(type="Loaded", status="False", reason=verdict.reason,
+                         message=f"{verdict.problem_field}: {verdict.message}")  # fmt: skip
+    if observed.agent_error is not None:
+        return Condition(type="Loaded", status="False", reason="AgentUnavailable",
+                         message=observed.agent_error)  # fmt: skip
+    if push is not None and push.outcome in ("conflict", "stale"):
+        return Condition(type="Loaded", status="False", reason=push.reason,
+                         message=push.message or f"the agent answered {push.outcome}")  # fmt: skip
+    if hosted is not None and hosted.state in LOADED_PHASES:
+        return Condition(type="Loaded", status="True", reason=hosted.state or "Resident",
+                         message=f"held by node {verdict.node}")  # fmt: skip
+    if hosted is not None and hosted.state == "Failed":
+        return Condition(type="Loaded", status="False", reason=hosted.reason or "LoadFailed",
+                         message=hosted.message or "the node failed to load the model")  # fmt: skip
+    if push is not None and push.outcome == "deferred":
+        return Condition(type="Loaded", status="False", reason=push.reason,
+                         message=push.message or "the node cannot load it yet")  # fmt: skip
+    if hosted is not None:
+        return Condition(type="Loaded", status="False", reason="Loading",
+                         message=f"node {verdict.node}: {hosted.state}")  # fmt: skip
+    return Condition(type="Loaded", status="False", reason="NotReported",
+                     message=f"node {verdict.node} does not report the model yet")  # fmt: skip
+
+
+def _ready(loaded: Condition, observed: Observed, placed: bool) -> Condition:
+    if placed and not observed.node_live:
+        return Condition(type="Ready", status="False", reason="NodeLost",
+                         message="the node's Lease is stale")  # fmt: skip
+    if loaded.status != "True":
+        return Condition(type="Ready", status="False", reason="NotLoaded",
+                         message=loaded.message)  # fmt: skip
+    if not observed.routed:
+        message = observed.route_error or "its Service is not in place yet"
+        return Condition(type="Ready", status="False", reason="NotRouted", message=message)
+    return Condition(type="Ready", status="True", reason="Serving",
+                     message=f"answering at {observed.endpoint}")  # fmt: skip
+
+
+def _condition(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
+    for condition in (status or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            found: Mapping[str, Any] = condition
+            return found
+    return {}
+
+
+def _keep_transition_times(
+    conditions: Sequence[Condition], previous: Mapping[str, Any] | None, now: str
+) -> list[Condition]:
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
+    kept = []
+    for condition in conditions:
+        old = before.get(condition.type) or {}
+        same = old.get("status") == condition.status and old.get("lastTransitionTime")
+        kept.append(
+            Condition(
+                type=condition.type,
+                status=condition.status,
+                reason=condition.reason,
+                message=condition.message,
+                last_transition_time=old["lastTransitionTime"] if same else now,
+            )
+        )
+    return kept
+
+
+def status_changed(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether `new` says anything `old` does not (keys with None values are absent)."""
+    return bool(_pruned(new) != _pruned(old or {}))
+
+
+def _pruned(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_pruned(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class EventNote:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def events_between(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventNote]:
+    """An Event for each condition whose status or reason changed. A condition seen for the
+    first time gets one only when it says something: placement, or a Warning."""
+    before = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
+    notes = []
+    for condition in new.get("conditions") or ():
+        prior = before.get(condition["type"]) or {}
+        if (prior.get("status"), prior.get("reason")) == (condition["status"], condition["reason"]):
+            continue
+        if condition["status"] == "True" or condition["reason"] in PROGRESS_REASONS:
+            kind = "Normal"
+        else:
+            kind = "Warning"
+        if not prior and kind == "Normal" and condition["type"] != "Placed":
+            continue
+        message = f"{condition['type']}={condition['status']}: {condition.get('message') or ''}"
+        notes.append(EventNote(kind, condition["reason"], message.rstrip(": ")))
+    return notes
