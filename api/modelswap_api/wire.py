@@ -29,6 +29,7 @@ import os
 import queue
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,8 +41,25 @@ MAX_FDS_PER_PACKET = 253
 #: Biggest JSON packet either side sends or accepts.
 MAX_PACKET_BYTES = 1 << 20
 
+# This module and the client library run in Triton's python-backend stubs, under the
+# container's system Python: 3.10 in Triton 24.xx releases, 3.12 in 25.xx. `enum.StrEnum`
+# is 3.11+, so 3.10 gets an equivalent: `str()`, `format()` and f-strings give the value
+# (a plain `(str, Enum)` gives `Op.REGISTER` there on 3.11+). The client imports it here.
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:
 
-class ErrorCode(enum.StrEnum):
+    class StrEnum(str, enum.Enum):
+        """`enum.StrEnum` of Python 3.11, for Python 3.10."""
+
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, format_spec: str) -> str:
+            return str.__format__(str(self), format_spec)
+
+
+class ErrorCode(StrEnum):
     """Machine-readable error codes carried in agent replies (control API and client socket)."""
 
     BAD_REQUEST = "BadRequest"
@@ -64,7 +82,7 @@ class ErrorCode(enum.StrEnum):
     REMOVED = "Removed"
 
 
-class Op(enum.StrEnum):
+class Op(StrEnum):
     # client → agent
     REGISTER = "register"  # {model, instance, pid, version} → {epoch, state}
     #: {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}],
@@ -88,18 +106,18 @@ class Op(enum.StrEnum):
     FDS = "fds"  # continuation packet carrying more fds of the previous message
 
 
-class RegionKind(enum.StrEnum):
+class RegionKind(StrEnum):
     WEIGHTS = "weights"  # written once after load, kept in the host store, read-only there
     KV = "kv"  # saved on swap-out when the policy says `preserve`
     SCRATCH = "scratch"  # never saved
 
 
-class KvMode(enum.StrEnum):
+class KvMode(StrEnum):
     DISCARD = "discard"
     PRESERVE = "preserve"
 
 
-class SwapOutMode(enum.StrEnum):
+class SwapOutMode(StrEnum):
     """`swapPolicy.onSwapOut`: keep the weights in the host store, or unload (drop) them."""
 
     HOST = "host"

@@ -4,17 +4,16 @@ and the copies are layered on it (`_connecting`, `_swapping`, `_copying`)."""
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from modelswap_api.wire import Peer
+from modelswap_api.wire import Peer, StrEnum
 from modelswap_client.mappers.base import HostBuffer, Mapper
 from modelswap_client.regions import Region
 
 
-class ClientState(enum.StrEnum):
+class ClientState(StrEnum):
     DETACHED = "detached"
     RESIDENT = "resident"
     DRAINING = "draining"

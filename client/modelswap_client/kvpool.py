@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import enum
 import mmap
 from dataclasses import dataclass, field
 
+from modelswap_api.wire import StrEnum
 
-class Tier(enum.StrEnum):
+
+class Tier(StrEnum):
     HBM = "hbm"
     HOST = "host"
 
