@@ -3,6 +3,7 @@
     modelswap operator [--kubeconfig PATH] [--namespace NS ... | --all-namespaces]
         [--operator-namespace NS] [--identity NAME] [--grace-seconds S]
         [--defaults FILE] [--token-secret NAME] [--leader-lease NAME]
+        [--leader-lease-seconds S] [--leader-renew-seconds S]
         [--node-lease-namespace NS] [--http-port P] [--allow-plain-http]
         [--log-level LEVEL] [--plain-logs]
 
@@ -66,6 +67,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--defaults", type=Path, help="cluster policy defaults (YAML)")
     parser.add_argument("--token-secret", help="Secret holding the agents' control token")
     parser.add_argument("--leader-lease", help="name of the leader Lease")
+    parser.add_argument("--leader-lease-seconds", type=int, help="leader Lease duration (15)")
+    parser.add_argument("--leader-renew-seconds", type=float, help="leader Lease renewals (5)")
     parser.add_argument("--node-lease-namespace", help="where agents keep their node Leases")
     parser.add_argument("--http-port", type=int, help="/healthz, /readyz, /metrics (0: none)")
     parser.add_argument(
@@ -108,8 +111,12 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Opera
     ):
         if (value := pick(option)) is not None:
             values[key] = str(value)
-    for option, key, kind in (("grace-seconds", "grace_seconds", float),
-                              ("http-port", "http_port", int)):  # fmt: skip
+    for option, key, kind in (
+        ("grace-seconds", "grace_seconds", float),
+        ("http-port", "http_port", int),
+        ("leader-lease-seconds", "leader_lease_seconds", int),
+        ("leader-renew-seconds", "leader_renew_seconds", float),
+    ):
         if (value := pick(option)) is not None:
             try:
                 values[key] = kind(value)

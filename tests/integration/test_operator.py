@@ -5,6 +5,10 @@ that dies — and what they see: status, Events, and answers through the model's
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +19,7 @@ import numpy as np
 import pytest
 
 from examples.models import reference
+from tests.support.agent_harness import spawn
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_world import Objects, agents, emulator, operator
 
@@ -163,3 +168,201 @@ async def test_too_large_is_not_placed_and_names_the_field(tmp_path: Path) -> No
                 assert objects.get("huge")["status"]["phase"] == "Pending"  # type: ignore[index]
                 assert any(reason == placed["reason"] for reason, _ in objects.events("huge"))
         objects.close()
+
+
+def stub_pids(nodes: dict[str, Any], obj: dict[str, Any]) -> list[int]:
+    """The model's python-backend processes on its node (a reload would change them)."""
+    pids: list[int] = nodes[obj["status"]["node"]].triton.stub_pids(obj["metadata"]["uid"])
+    return pids
+
+
+@pytest.mark.timeout(300)
+async def test_restart_recreate_and_two_namespaces(tmp_path: Path) -> None:
+    with emulator(namespaces=("default", "team-b")) as api:
+        objects = Objects(api)
+        kubectl = Kubectl(api.kubeconfig_path, api.home)
+        async with agents(api, tmp_path, names=("node-a",)) as nodes:
+            classify = load_yaml(EXAMPLES / "classify-drop-on-idle.yaml")
+            with operator(api) as first:
+                objects.apply(classify)
+                other = {**classify, "metadata": {"name": "classify", "namespace": "team-b"}}
+                objects.apply(other)
+                before = {
+                    ns: await wait_ready(objects, "classify", ns) for ns in ("default", "team-b")
+                }
+                pids = {ns: stub_pids(nodes, obj) for ns, obj in before.items()}
+                assert all(pids.values()) and pids["default"] != pids["team-b"]
+                first_term = first.runtime.elector.term
+            # Two namespaces, one name, one node: each answers through its own Service.
+            for namespace in ("default", "team-b"):
+                await classify_through_service(objects, "classify", namespace)
+
+            # A new operator process: same places, no reload, a higher term.
+            with operator(api) as second:
+                await until(second.runtime.ready, "the new operator leads")
+                registry = second.runtime.metrics.registry
+                await until(  # a few turns of the new loop, each one a chance to reload
+                    lambda: (
+                        (registry.get_sample_value("modelswap_operator_reconcile_turns_total") or 0)
+                        >= 3
+                    ),
+                    "three turns of the new operator's loop",
+                )
+                for namespace, obj in before.items():
+                    now = await wait_ready(objects, "classify", namespace)
+                    assert (now["status"]["node"], now["status"]["gpu"]) == (
+                        obj["status"]["node"], obj["status"]["gpu"])  # fmt: skip
+                    assert stub_pids(nodes, now) == pids[namespace]
+                assert (second.runtime.elector.term or 0) > (first_term or 0)
+
+                # Delete and recreate under the same name: the new UID loads, the old goes.
+                old_uid = before["default"]["metadata"]["uid"]
+                kubectl.run("delete", "md", "classify", "-n", "default", check=True)
+                objects.apply(classify)
+                recreated = await wait_ready(objects, "classify")
+                assert recreated["metadata"]["uid"] != old_uid
+                held = await nodes["node-a"].control.models()
+                assert recreated["metadata"]["uid"] in held and old_uid not in held
+                await classify_through_service(objects, "classify")
+
+                # kubectl describe: conditions and Events a user can act on.
+                described = kubectl.run("describe", "md", "classify", "-n", "team-b", check=True)
+                for text in ("Conditions", "Ready", "Placed", "Events"):
+                    assert text in described.stdout, described.stdout
+        objects.close()
+
+
+@pytest.mark.timeout(180)
+async def test_an_agent_whose_certificate_is_not_its_swapnodes_is_refused(tmp_path: Path) -> None:
+    from modelswap_sidecar.control.certificate import self_signed
+
+    with emulator() as api:
+        objects = Objects(api)
+        async with agents(api, tmp_path, names=("node-a",), status_interval_seconds=600):
+            with operator(api):
+                objects.apply(load_yaml(EXAMPLES / "classify-drop-on-idle.yaml"))
+                await wait_ready(objects, "classify")
+                # Someone else's certificate in the SwapNode: the operator must not talk to
+                # the agent at that endpoint any more.
+                foreign = self_signed(["127.0.0.1", "node-a"]).certificate_pem
+                objects.custom.patch_cluster_custom_object_status(
+                    "modelswap.io", "v1alpha1", "swapnodes", "node-a",
+                    {"status": {"certificate": foreign}},
+                )  # fmt: skip
+                loaded = await until(
+                    lambda: (
+                        objects.condition("classify", "Loaded").get("reason") == "AgentUnavailable"
+                        and objects.condition("classify", "Loaded")
+                    ),
+                    "the push refused for the certificate",
+                )
+                assert "certificate" in loaded["message"], loaded
+        objects.close()
+
+
+class OperatorProcess:
+    """`modelswap operator` as a child process in its own process group."""
+
+    def __init__(self, api: Any, workdir: Path, name: str) -> None:
+        from modelswap_sidecar.triton.process import free_loopback_port
+        from tests.support.operator_world import (
+            GRACE_SECONDS,
+            NODE_LEASES,
+            OPERATOR_NAMESPACE,
+            write_defaults,
+        )
+
+        self.name = name
+        self.port = free_loopback_port()
+        self.log_path = workdir / f"{name}.log"
+        self.command = [
+            sys.executable, "-m", "modelswap_api.cli", "operator",
+            "--kubeconfig", str(api.kubeconfig_path), "--identity", name,
+            "--operator-namespace", OPERATOR_NAMESPACE, "--node-lease-namespace", NODE_LEASES,
+            "--grace-seconds", str(GRACE_SECONDS), "--leader-lease-seconds", "2",
+            "--leader-renew-seconds", "0.4", "--http-port", str(self.port),
+            "--defaults", str(write_defaults(workdir)), "--plain-logs",
+        ]  # fmt: skip
+        self.popen: Any = None
+
+    def start(self) -> None:
+        self.popen = spawn(
+            self.command, self.log_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        )
+
+    def readyz(self) -> int | None:
+        try:
+            return httpx.get(
+                f"http://127.0.0.1:{self.port}/readyz", timeout=2, trust_env=False
+            ).status_code
+        except httpx.HTTPError:
+            return None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill9(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> int | None:
+        if self.popen is None or self.popen.poll() is not None:
+            return None if self.popen is None else int(self.popen.returncode)
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            return int(self.popen.wait(20))
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            return None
+
+
+@pytest.mark.timeout(240)
+async def test_two_operators_one_leader_and_a_late_push_is_refused(tmp_path: Path) -> None:
+    with emulator() as api:
+        objects = Objects(api)
+        async with agents(api, tmp_path, names=("node-a",)) as nodes:
+            pair = [OperatorProcess(api, tmp_path, f"op-{i}") for i in range(2)]
+            try:
+                for process in pair:
+                    process.start()
+                await until(lambda: any(p.readyz() == 200 for p in pair), "one operator leads")
+                leader = next(p for p in pair if p.readyz() == 200)
+                standby = next(p for p in pair if p is not leader)
+                assert standby.readyz() == 503  # alive, not leading
+                objects.apply(load_yaml(EXAMPLES / "classify-drop-on-idle.yaml"))
+                await wait_ready(objects, "classify")
+                old_term = (await nodes["node-a"].control.node())["revision"]["term"]
+                assert "pushed" not in standby.log(), standby.log()
+
+                # The leader dies without a word: the standby takes over within the lease.
+                leader.kill9()
+                killed_at = time.monotonic()
+                await until(lambda: standby.readyz() == 200, "the standby to lead", 20)
+                took_over_seconds = time.monotonic() - killed_at
+                assert took_over_seconds < 2 + 3, took_over_seconds  # lease + a renewal round
+                new_term = await _term_above(nodes["node-a"], old_term)
+
+                # A push the dead leader had in flight, arriving late, is refused.
+                control = nodes["node-a"].control
+                control.counter += 1_000_000
+                late = await control.put([], term=old_term)
+                assert late.status_code == 409 and late.json()["reason"] == "OlderTerm", late.text
+                assert new_term > old_term
+                await wait_ready(objects, "classify")  # nothing unloaded by the late push
+                held = await control.models()
+                assert len(held) == 1
+            finally:
+                codes = [p.stop() for p in pair]
+        assert codes[pair.index(standby)] == 0, standby.log()[-3000:]
+        objects.close()
+
+
+async def _term_above(node: Any, term: int) -> int:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        revision = (await node.control.node()).get("revision") or {}
+        if revision.get("term", -1) > term:
+            return int(revision["term"])
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the agent never saw a term above {term}")

@@ -340,6 +340,12 @@ class Control:
         assert response.status_code == 200, response.text
         return {m["uid"]: m for m in response.json()["models"]}
 
+    async def node(self) -> dict[str, Any]:
+        response = await self.client.get("/v1/node")
+        assert response.status_code == 200, response.text
+        found: dict[str, Any] = response.json()
+        return found
+
     async def model(self, uid: str) -> dict[str, Any]:
         return (await self.models()).get(uid, {})
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import yaml
 from kopf.testing import KopfRunner
 from kubernetes import client
 
@@ -42,6 +43,13 @@ NODES = ("node-a", "node-b", "node-c")
 #: Cluster defaults sized for the agents' 1 GiB test host stores (the built-in host KV tier
 #: alone is 1 GiB).
 DEFAULTS = {**BUILTIN_DEFAULTS, "kvCache": {"offloadAfterTokens": 4096, "hostBytes": "64Mi"}}
+
+
+def write_defaults(folder: Path) -> Path:
+    """DEFAULTS as a file for `modelswap operator --defaults`."""
+    path = folder / "defaults.yaml"
+    path.write_text(yaml.safe_dump(DEFAULTS))
+    return path
 
 
 def settings(api: EmulatorThread, **overrides: Any) -> OperatorSettings:
@@ -90,7 +98,9 @@ def emulator(namespaces: tuple[str, ...] = ("default",)) -> Iterator[EmulatorThr
         yield api
 
 
-def agent_config(api: EmulatorThread, node_name: str, **extra: Any) -> AgentConfig:
+def agent_config(
+    api: EmulatorThread, node_name: str, *, status_interval_seconds: float = 1.0
+) -> AgentConfig:
     return AgentConfig(
         local_mode=False,
         grace_seconds=GRACE_SECONDS,
@@ -109,24 +119,32 @@ def agent_config(api: EmulatorThread, node_name: str, **extra: Any) -> AgentConf
                 "advertiseHost": "127.0.0.1",
                 "leaseDurationSeconds": 2,
                 "renewIntervalSeconds": 0.3,
-                "statusIntervalSeconds": 1,
+                "statusIntervalSeconds": status_interval_seconds,
                 "minStatusWriteIntervalSeconds": 0,
             },
-            **extra,
         },
     )
 
 
 @contextlib.asynccontextmanager
 async def agents(
-    api: EmulatorThread, tmp_path: Path, names: tuple[str, ...] = NODES
+    api: EmulatorThread,
+    tmp_path: Path,
+    names: tuple[str, ...] = NODES,
+    *,
+    status_interval_seconds: float = 1.0,
 ) -> AsyncIterator[dict[str, Node]]:
     async with contextlib.AsyncExitStack() as stack:
         started = {}
         for name in names:
             workdir = tmp_path / name
             workdir.mkdir()
-            started[name] = await stack.enter_async_context(node(workdir, agent_config(api, name)))
+            started[name] = await stack.enter_async_context(
+                node(
+                    workdir,
+                    agent_config(api, name, status_interval_seconds=status_interval_seconds),
+                )
+            )
         kube_api = kube.api_client(str(api.kubeconfig_path))
         for name, running in started.items():
             # The test's own control client pins the certificate the SwapNode publishes,

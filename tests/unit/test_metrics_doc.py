@@ -7,6 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     ROOT / "sidecar" / "modelswap_sidecar" / "metrics.py",
     ROOT / "sidecar" / "modelswap_sidecar" / "gateway" / "metrics.py",
+    ROOT / "operator" / "modelswap_operator" / "metrics.py",
 ]
 COUNTER_RE = re.compile(r'Counter\(\s*"(modelswap_[a-z_]+)"')
 NAME_RE = re.compile(r'"(modelswap_[a-z_]+)"')

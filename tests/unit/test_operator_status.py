@@ -15,7 +15,7 @@ from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.models import HostedModel, ModelDeployment
 from modelswap_api.policy import effective_policy
 from modelswap_operator import desired, routing
-from modelswap_operator.command import settings_from
+from modelswap_operator.command import register, settings_from
 from modelswap_operator.errors import SettingsError
 from modelswap_operator.reconciler import live_nodes
 from modelswap_operator.status import (
@@ -32,10 +32,11 @@ SPEC: dict[str, Any] = {
 }
 POLICY = effective_policy(SPEC, BUILTIN_DEFAULTS)
 NOW = "2026-11-23T18:00:00Z"
+UID = "2f1c8a52-7d0e-4c1b-9a57-0d1b5c3e9a10"
 
 
 def deployment(**metadata: Any) -> ModelDeployment:
-    meta = {"name": "classify", "namespace": "team-a", "uid": "u-1", "generation": 3, **metadata}
+    meta = {"name": "classify", "namespace": "team-a", "uid": UID, "generation": 3, **metadata}
     return ModelDeployment.from_dict({"metadata": meta, "spec": SPEC})
 
 
@@ -144,7 +145,7 @@ def test_credentials_from_a_secret_strip_the_newline_and_never_show_the_value() 
 
 def test_an_entry_carries_the_policy_and_the_gpu_and_is_checked_like_the_agent_does() -> None:
     entry = desired.entry_for(deployment(), gpu="g0", policy=POLICY, credentials=None)
-    assert entry.uid == "u-1" and entry.generation == 3 and entry.gpu == "g0"
+    assert entry.uid == UID and entry.generation == 3 and entry.gpu == "g0"
     assert entry.policy is not None and entry.policy.idle_after == "30s"
     assert desired.check_entry(entry) is None
     bad = desired.entry_for(deployment(uid="not a uid"), gpu="g0", policy=POLICY, credentials=None)
@@ -178,24 +179,24 @@ def test_a_node_is_live_while_its_lease_is_younger_than_the_grace_period() -> No
     assert live_nodes(swapnodes, leases, 1_000_000, grace_seconds=90) == {"a"}
 
 
-def args(**given: Any) -> argparse.Namespace:
-    names = ["kubeconfig", "namespaces", "operator_namespace", "identity", "grace_seconds", "defaults", "token_secret", "leader_lease", "node_lease_namespace", "http_port", "log_level"]  # fmt: skip
-    values: dict[str, Any] = dict.fromkeys(names)
-    values.update(all_namespaces=False, allow_plain_http=False, plain_logs=False)
-    return argparse.Namespace(**(values | given))
+def args(*argv: str) -> argparse.Namespace:
+    """`modelswap operator ARGV` as the real parser reads it."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["operator", *argv])
 
 
 def test_settings_from_flags_then_environment(tmp_path: Any) -> None:
     env = {"MODELSWAP_GRACE_SECONDS": "30", "MODELSWAP_IDENTITY": "op-0",
            "MODELSWAP_NAMESPACES": "a,b"}  # fmt: skip
-    settings = settings_from(args(grace_seconds=45.0), env)
+    settings = settings_from(args("--grace-seconds", "45"), env)
     assert settings.grace_seconds == 45 and settings.identity == "op-0"
     assert settings.namespaces == ("a", "b") and settings.push_interval_seconds == 15
     with pytest.raises(SettingsError, match="--grace-seconds"):
         settings_from(args(), {"MODELSWAP_GRACE_SECONDS": "soon"})
     with pytest.raises(SettingsError, match="exclude"):
-        settings_from(args(namespaces=["a"], all_namespaces=True), {})
+        settings_from(args("--namespace", "a", "--all-namespaces"), {})
     bad = tmp_path / "defaults.yaml"
     bad.write_text("swapPolicy: {idleAfter: soon}\n")
     with pytest.raises(SettingsError, match="defaults"):
-        settings_from(args(defaults=bad), {})
+        settings_from(args("--defaults", str(bad)), {})
