@@ -32,9 +32,14 @@ from modelswap_api.validation import SchemaValidator
 Outcome = Literal["applied", "deferred", "stale", "conflict"]
 ActionOutcome = Literal["completed", "unchanged", "refused"]
 
-#: Kubernetes UIDs are UUIDs; anything URL- and file-name-safe of bounded length is taken.
-UID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: A Kubernetes UID: a UUID in its canonical lower-case form (the API server makes them so).
+#: The agent derives each model's Triton name from it (`m-` + its 32 hex digits), so only
+#: this form is taken: anything else could not be held, and an upper-case twin of a UID
+#: would name the same Triton model as a second record.
+UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _UID_RE = re.compile(UID_PATTERN)
+#: Longest UID echoed back in an error message (a refused value can be megabytes long).
+_UID_ECHO_CHARS = 64
 MAX_ENTRIES = 4096
 
 
@@ -228,8 +233,12 @@ def parse_desired_set(data: Any) -> DesiredSet:
 
 
 def check_uid(uid: str, path: str = "uid") -> None:
-    if _UID_RE.match(uid) is None:
-        raise ModelError(path, f"{uid!r} does not match {UID_PATTERN}")
+    """ModelError naming `path` unless `uid` is a Kubernetes UID (see `UID_PATTERN`)."""
+    if _UID_RE.fullmatch(uid) is None:
+        shown = uid if len(uid) <= _UID_ECHO_CHARS else uid[:_UID_ECHO_CHARS] + "…"
+        raise ModelError(
+            path, f"{shown!r} is not a Kubernetes UID (a lower-case UUID, {UID_PATTERN})"
+        )
 
 
 def _check_revision(revision: Revision, path: str) -> None:

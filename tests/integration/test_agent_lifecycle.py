@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import shutil
 import tarfile
 import threading
@@ -14,11 +15,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import numpy as np
 import pytest
 
 from examples.models import reference
-from tests.support.agent_harness import EXAMPLES, MIB, entry, eventually, new_uid, node
+from examples.models.reference import mlp_infer_body
+from modelswap_sidecar.triton.process import free_loopback_port
+from tests.support.agent_harness import (
+    EXAMPLES,
+    MIB,
+    AgentConfig,
+    entry,
+    eventually,
+    new_uid,
+    node,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 
@@ -175,3 +187,46 @@ async def test_bad_sources_name_the_field_and_leave_others_serving(
         again = await control.desired(entries)
         assert again[missing]["outcome"] == "deferred"
         assert again[missing]["reason"] == "BadSource"
+
+
+async def test_a_uid_the_node_cannot_hold_is_refused_and_disturbs_nothing(tmp_path: Path) -> None:
+    """Issue 12, finding 1: an entry whose uid is not a UUID was answered 500 and kept, and
+    every later request, push and policy tick failed. Now it is a 400 naming the field, and
+    a bad record left by an older agent is skipped at adoption."""
+    gateway_port = free_loopback_port()
+    config = AgentConfig(extra={"gateway": {"host": "127.0.0.1", "port": gateway_port}})
+    async with node(tmp_path, config) as n:
+        _triton, agent, control, models = n.parts()
+        good, later = new_uid(), new_uid()
+        await control.desired([entry(good)])
+        await control.wait_state(good, "Resident")
+
+        refused = await control.put([entry(good), entry("not-a-uuid", name="bad")])
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["field"] == "entries[1].uid"
+        assert list(await control.models()) == [good]
+
+        x = reference.mlp_input(11)
+        gateway = httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway_port}", trust_env=False)
+        async with gateway:
+            answer = await gateway.post("/v2/models/mlp/infer", json=mlp_infer_body(x))
+            assert answer.status_code == 200, answer.text
+        assert (await control.swap(good, "out")).status_code == 200
+        assert (await control.swap(good, "in")).status_code == 200
+        results = await control.desired([entry(good), entry(later, name="later")])
+        assert results[later]["outcome"] == "applied"
+        await control.wait_state(later, "Resident")
+        assert (await control.client.delete("/v1/models/not-a-uuid")).status_code == 400
+
+        # An older agent may have saved such an entry: a restarted agent leaves it out.
+        await agent.stop()
+        saved = agent.state_dir / "desired.json"
+        doc = json.loads(saved.read_text())
+        bad = {**doc["entries"][0], "uid": "not-a-uuid", "name": "bad"}
+        saved.write_text(json.dumps({**doc, "entries": [*doc["entries"], bad]}))
+        await agent.start()
+        await control.wait_state(good, "Resident")
+        assert set(await control.models()) == {good, later}
+        answer = await models.mlp(good, x)
+        assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
+        assert "Traceback" not in agent.log_path.read_text()

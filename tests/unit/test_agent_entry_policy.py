@@ -27,6 +27,7 @@ from modelswap_sidecar.policy.swapouts import plan_swap_outs
 MIB = 1 << 20
 SPEC = {"model": {"source": {"uri": "/models/mlp"}, "weightsBytes": "32Mi"}}  # no policy
 UID = "0b6e0d2e-1b7c-4a44-8f4e-0d3c1f0a9b11"
+OTHER_UID = "5b0e3c1d-0000-4000-8000-000000000002"
 #: What the operator would send for a ModelDeployment whose effective policy idles at 1 s.
 ONE_SECOND = dataclasses.replace(
     effective_policy(SPEC, BUILTIN_DEFAULTS).to_status(), idle_after="1s", min_resident="0s"
@@ -89,7 +90,7 @@ def body(policy: dict[str, Any]) -> dict[str, Any]:
         "revision": {"term": 1, "counter": 1},
         "entries": [
             {"uid": UID, "namespace": "ns", "name": "mlp", "generation": 1, "spec": SPEC},
-            {"uid": "u2", "namespace": "ns", "name": "b", "generation": 1, "spec": SPEC,
+            {"uid": OTHER_UID, "namespace": "ns", "name": "b", "generation": 1, "spec": SPEC,
              "policy": policy},
         ],
     }  # fmt: skip

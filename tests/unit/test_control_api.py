@@ -27,6 +27,8 @@ from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 
 GiB = 1 << 30
+#: Kubernetes UIDs (the control API takes nothing else), named for the models they stand for.
+A, B, C, P, NOPE = (f"00000000-0000-4000-8000-{n:012x}" for n in (0xA, 0xB, 0xC, 0xF, 0x99))
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GRACE = 90.0
@@ -116,36 +118,36 @@ def node(tmp_path: Path) -> Node:
 async def test_a_set_loads_what_fits_and_defers_what_does_not_with_a_reason(node: Node) -> None:
     async with node.served():
         status, body = await node.put(
-            desired(1, 1, entry("a", "6Gi"), entry("b", "6Gi"), entry("c", "9Gi"))
+            desired(1, 1, entry(A, "6Gi"), entry(B, "6Gi"), entry(C, "9Gi"))
         )
         assert status == 200
         assert outcomes(body) == {
-            "a": ("applied", "Loaded"),
-            "b": ("applied", "Loaded"),
-            "c": ("deferred", "InsufficientHBM"),
+            A: ("applied", "Loaded"),
+            B: ("applied", "Loaded"),
+            C: ("deferred", "InsufficientHBM"),
         }
         assert body["revision"] == {"term": 1, "counter": 1}
         status, listed = await node.get("/v1/models")
         assert status == 200
         assert [(m["uid"], m["phase"], m["desired"]) for m in listed["models"]] == [
-            ("a", "Resident", True),
-            ("b", "Resident", True),
+            (A, "Resident", True),
+            (B, "Resident", True),
         ]
 
 
 @pytest.mark.asyncio
 async def test_an_older_term_is_refused_and_changes_nothing(node: Node) -> None:
     async with node.served():
-        assert (await node.put(desired(5, 1, entry("a"))))[0] == 200
-        status, body = await node.put(desired(4, 99, entry("b")))
+        assert (await node.put(desired(5, 1, entry(A))))[0] == 200
+        status, body = await node.put(desired(4, 99, entry(B)))
         assert (status, body["reason"]) == (409, "OlderTerm")
-        status, body = await node.put(desired(5, 0, entry("b")))
+        status, body = await node.put(desired(5, 0, entry(B)))
         assert (status, body["reason"]) == (409, "OlderRevision")
         _, listed = await node.get("/v1/models")
-        assert [m["uid"] for m in listed["models"]] == ["a"]
+        assert [m["uid"] for m in listed["models"]] == [A]
         # The same revision again (a retried push) is fine; a newer term is taken.
-        assert (await node.put(desired(5, 1, entry("a"))))[0] == 200
-        assert (await node.put(desired(6, 0, entry("a"))))[0] == 200
+        assert (await node.put(desired(5, 1, entry(A))))[0] == 200
+        assert (await node.put(desired(6, 0, entry(A))))[0] == 200
         _, info = await node.get("/v1/node")
         assert info["revision"] == {"term": 6, "counter": 0}
 
@@ -153,22 +155,22 @@ async def test_an_older_term_is_refused_and_changes_nothing(node: Node) -> None:
 @pytest.mark.asyncio
 async def test_the_highest_revision_survives_an_agent_restart(node: Node) -> None:
     async with node.served():
-        assert (await node.put(desired(7, 3, entry("a"))))[0] == 200
+        assert (await node.put(desired(7, 3, entry(A))))[0] == 200
     assert RevisionStore(node.settings.state_file).load() == Revision(term=7, counter=3)
     restarted = ControlService(node.backend, node.settings, clock=node.clock)
     node.service = restarted
     async with node.served():
-        status, body = await node.put(desired(6, 50, entry("a")))
+        status, body = await node.put(desired(6, 50, entry(A)))
         assert (status, body["reason"]) == (409, "OlderTerm")
         # What the backend still holds keeps its identity and generation across the restart.
-        status, body = await node.put(desired(7, 4, entry("a", namespace="team-z")))
-        assert outcomes(body) == {"a": ("conflict", "IdentityChanged")}
+        status, body = await node.put(desired(7, 4, entry(A, namespace="team-z")))
+        assert outcomes(body) == {A: ("conflict", "IdentityChanged")}
 
 
 @pytest.mark.asyncio
 async def test_a_set_for_another_node_is_refused(node: Node) -> None:
     async with node.served():
-        status, body = await node.put({**desired(1, 1, entry("a")), "nodeName": "node-2"})
+        status, body = await node.put({**desired(1, 1, entry(A)), "nodeName": "node-2"})
         assert (status, body["reason"]) == (409, "WrongNode")
         assert (await node.get("/v1/models"))[1]["models"] == []
 
@@ -178,27 +180,27 @@ async def test_an_older_generation_is_stale_and_a_changed_identity_is_a_conflict
     node: Node,
 ) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a", generation=3), entry("b")))
+        await node.put(desired(1, 1, entry(A, generation=3), entry(B)))
         status, body = await node.put(
-            desired(1, 2, entry("a", generation=2), entry("b", namespace="team-b"))
+            desired(1, 2, entry(A, generation=2), entry(B, namespace="team-b"))
         )
         assert status == 200
         assert outcomes(body) == {
-            "a": ("stale", "OlderGeneration"),
-            "b": ("conflict", "IdentityChanged"),
+            A: ("stale", "OlderGeneration"),
+            B: ("conflict", "IdentityChanged"),
         }
-        _, model = await node.get("/v1/models/a")
+        _, model = await node.get(f"/v1/models/{A}")
         assert model["generation"] == 3
 
 
 @pytest.mark.asyncio
 async def test_a_policy_change_is_applied_to_the_loaded_model(node: Node) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a")))
-        changed = entry("a", generation=2, spec={"swapPolicy": {"idleAfter": "30m"}})
+        await node.put(desired(1, 1, entry(A)))
+        changed = entry(A, generation=2, spec={"swapPolicy": {"idleAfter": "30m"}})
         status, body = await node.put(desired(1, 2, changed))
-        assert (status, outcomes(body)) == (200, {"a": ("applied", "Updated")})
-        _, model = await node.get("/v1/models/a")
+        assert (status, outcomes(body)) == (200, {A: ("applied", "Updated")})
+        _, model = await node.get(f"/v1/models/{A}")
         assert (model["generation"], model["swapIns"]) == (2, 0)
 
 
@@ -207,35 +209,35 @@ async def test_a_model_missing_from_the_set_is_unloaded_only_after_the_grace_per
     node: Node,
 ) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a"), entry("b")))
+        await node.put(desired(1, 1, entry(A), entry(B)))
         node.clock.now += 10
-        _, body = await node.put(desired(1, 2, entry("a")))
-        assert body["pendingUnloads"] == [{"uid": "b", "unloadInSeconds": GRACE}]
+        _, body = await node.put(desired(1, 2, entry(A)))
+        assert body["pendingUnloads"] == [{"uid": B, "unloadInSeconds": GRACE}]
         node.clock.now += 30
-        await node.put(desired(1, 3, entry("a")))  # a heartbeat push: the deadline holds
+        await node.put(desired(1, 3, entry(A)))  # a heartbeat push: the deadline holds
         node.clock.now += GRACE - 30 - 1
         assert await node.service.unload_due() == ()
-        _, model = await node.get("/v1/models/b")
+        _, model = await node.get(f"/v1/models/{B}")
         assert (model["desired"], model["unloadInSeconds"], model["phase"]) == (
             False,
             1.0,
             "Resident",
         )
         node.clock.now += 1
-        assert await node.service.unload_due() == ("b",)
-        _, model = await node.get("/v1/models/b")
+        assert await node.service.unload_due() == (B,)
+        _, model = await node.get(f"/v1/models/{B}")
         assert model["phase"] == "Dropped" and model["hostBytes"] == GiB  # host bytes kept
         assert await node.service.unload_due() == ()  # not twice
-        assert node.backend.unloaded == ["b"]
+        assert node.backend.unloaded == [B]
 
 
 @pytest.mark.asyncio
 async def test_a_model_that_comes_back_in_time_is_not_unloaded(node: Node) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a"), entry("b")))
-        await node.put(desired(1, 2, entry("a")))
+        await node.put(desired(1, 1, entry(A), entry(B)))
+        await node.put(desired(1, 2, entry(A)))
         node.clock.now += GRACE / 2
-        _, body = await node.put(desired(1, 3, entry("a"), entry("b")))
+        _, body = await node.put(desired(1, 3, entry(A), entry(B)))
         assert body["pendingUnloads"] == []
         node.clock.now += GRACE
         assert await node.service.unload_due() == ()
@@ -244,29 +246,29 @@ async def test_a_model_that_comes_back_in_time_is_not_unloaded(node: Node) -> No
 @pytest.mark.asyncio
 async def test_a_model_back_after_its_unload_is_restored_from_the_host_store(node: Node) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a")))
+        await node.put(desired(1, 1, entry(A)))
         await node.put(desired(1, 2))
         node.clock.now += GRACE
-        assert await node.service.unload_due() == ("a",)
-        _, body = await node.put(desired(1, 3, entry("a")))
-        assert outcomes(body) == {"a": ("applied", "Loaded")}
+        assert await node.service.unload_due() == (A,)
+        _, body = await node.put(desired(1, 3, entry(A)))
+        assert outcomes(body) == {A: ("applied", "Loaded")}
         assert "host store" in body["results"][0]["message"]
 
 
 @pytest.mark.asyncio
 async def test_delete_forgets_a_dropped_model_and_refuses_a_desired_one(node: Node) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a"), entry("b")))
-        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        await node.put(desired(1, 1, entry(A), entry(B)))
+        response = await node.client.delete(f"/v1/models/{A}", headers=AUTH)
         assert response.status == 409
         assert (await response.json())["reason"] == "StillDesired"
-        await node.put(desired(1, 2, entry("b")))
-        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        await node.put(desired(1, 2, entry(B)))
+        response = await node.client.delete(f"/v1/models/{A}", headers=AUTH)
         assert (response.status, (await response.json())["outcome"]) == (200, "completed")
-        assert (await node.get("/v1/models/a"))[0] == 404
+        assert (await node.get(f"/v1/models/{A}"))[0] == 404
         node.clock.now += GRACE
         assert await node.service.unload_due() == ()  # off the schedule
-        response = await node.client.delete("/v1/models/a", headers=AUTH)
+        response = await node.client.delete(f"/v1/models/{A}", headers=AUTH)
         assert (response.status, (await response.json())["reason"]) == (200, "NotHeld")
 
 
@@ -276,39 +278,39 @@ async def test_delete_forgets_a_dropped_model_and_refuses_a_desired_one(node: No
 @pytest.mark.asyncio
 async def test_manual_swap_out_and_in(node: Node) -> None:
     async with node.served():
-        pinned = entry("p", spec={"swapPolicy": {"idleAfter": "never", "pinned": True}})
-        await node.put(desired(1, 1, entry("a"), pinned))
-        assert await node.post("/v1/models/a/swap-out") == (
+        pinned = entry(P, spec={"swapPolicy": {"idleAfter": "never", "pinned": True}})
+        await node.put(desired(1, 1, entry(A), pinned))
+        assert await node.post(f"/v1/models/{A}/swap-out") == (
             200,
-            {"uid": "a", "outcome": "completed", "reason": "SwappedOut"},
+            {"uid": A, "outcome": "completed", "reason": "SwappedOut"},
         )
-        assert (await node.get("/v1/models/a"))[1]["phase"] == "SwappedOut"
-        status, body = await node.post("/v1/models/a/swap-in")
+        assert (await node.get(f"/v1/models/{A}"))[1]["phase"] == "SwappedOut"
+        status, body = await node.post(f"/v1/models/{A}/swap-in")
         assert (status, body["outcome"]) == (200, "completed")
-        assert (await node.get("/v1/models/a"))[1]["swapIns"] == 1
-        status, body = await node.post("/v1/models/p/swap-out")
+        assert (await node.get(f"/v1/models/{A}"))[1]["swapIns"] == 1
+        status, body = await node.post(f"/v1/models/{P}/swap-out")
         assert (status, body["outcome"], body["reason"]) == (409, "refused", "Pinned")
-        assert (await node.post("/v1/models/nope/swap-in"))[0] == 404
+        assert (await node.post(f"/v1/models/{NOPE}/swap-in"))[0] == 404
 
 
 @pytest.mark.asyncio
 async def test_a_fenced_agent_refuses_swap_ins_until_a_push_or_lease_renewal(node: Node) -> None:
     async with node.served():
-        await node.put(desired(1, 1, entry("a")))
-        await node.post("/v1/models/a/swap-out")
+        await node.put(desired(1, 1, entry(A)))
+        await node.post(f"/v1/models/{A}/swap-out")
         node.clock.now += GRACE
         assert (await node.get("/v1/node"))[1]["fenced"] is True
-        status, body = await node.post("/v1/models/a/swap-in")
+        status, body = await node.post(f"/v1/models/{A}/swap-in")
         assert (status, body["reason"]) == (409, "Fenced")
         node.service.record_lease_renewal()
         assert (await node.get("/v1/node"))[1]["fenced"] is False
-        assert (await node.post("/v1/models/a/swap-in"))[0] == 200
+        assert (await node.post(f"/v1/models/{A}/swap-in"))[0] == 200
 
 
 @pytest.mark.asyncio
 async def test_node_info_reports_gpus_and_what_is_free(node: Node) -> None:
     async with node.served():
-        await node.put(desired(2, 0, entry("a", "4Gi", gpu="gpu-1")))
+        await node.put(desired(2, 0, entry(A, "4Gi", gpu="gpu-1")))
         status, info = await node.get("/v1/node")
         assert status == 200
         assert info["nodeName"] == "node-1" and info["fenced"] is False
@@ -319,8 +321,8 @@ async def test_node_info_reports_gpus_and_what_is_free(node: Node) -> None:
 @pytest.mark.asyncio
 async def test_an_unknown_gpu_is_a_conflict(node: Node) -> None:
     async with node.served():
-        _, body = await node.put(desired(1, 1, entry("a", gpu="gpu-9")))
-        assert outcomes(body) == {"a": ("conflict", "UnknownGpu")}
+        _, body = await node.put(desired(1, 1, entry(A, gpu="gpu-9")))
+        assert outcomes(body) == {A: ("conflict", "UnknownGpu")}
 
 
 # --- malformed requests ------------------------------------------------------------------
@@ -333,13 +335,17 @@ async def test_an_unknown_gpu_is_a_conflict(node: Node) -> None:
         ({"revision": {"term": 1}, "entries": []}, "revision.counter"),
         ({"revision": {"term": -1, "counter": 0}, "entries": []}, "revision.term"),
         ({"revision": {"term": 1, "counter": 0}, "entries": {}}, "entries"),
-        (desired(1, 0, entry("a"), entry("a")), "entries[1].uid"),
+        (desired(1, 0, entry(A), entry(A)), "entries[1].uid"),
         (desired(1, 0, entry("../etc")), "entries[0].uid"),
-        (desired(1, 0, entry("a", generation=0)), "entries[0].generation"),
-        (desired(1, 0, entry("a", "0")), "entries[0].spec.model.weightsBytes"),
-        (desired(1, 0, {**entry("a"), "colour": "red"}), "entries[0].colour"),
+        # the documented pattern once took these; the node cannot name a model after them
+        (desired(1, 0, entry(A), entry("not-a-uuid")), "entries[1].uid"),
+        (desired(1, 0, entry(A.upper())), "entries[0].uid"),
+        (desired(1, 0, entry(A + "0")), "entries[0].uid"),
+        (desired(1, 0, entry(A, generation=0)), "entries[0].generation"),
+        (desired(1, 0, entry(A, "0")), "entries[0].spec.model.weightsBytes"),
+        (desired(1, 0, {**entry(A), "colour": "red"}), "entries[0].colour"),
         (
-            desired(1, 0, entry("a", spec={"swapPolicy": {"pinned": True, "onSwapOut": "drop"}})),
+            desired(1, 0, entry(A, spec={"swapPolicy": {"pinned": True, "onSwapOut": "drop"}})),
             "entries[0].spec.swapPolicy.onSwapOut",
         ),
     ],
@@ -362,6 +368,22 @@ async def test_a_body_that_is_not_json_is_a_400(node: Node) -> None:
         assert "not JSON" in (await response.json())["message"]
         response = await node.client.get("/v1/models/bad%2Fuid", headers=AUTH)
         assert (response.status, (await response.json())["field"]) == (400, "uid")
+        response = await node.client.get("/v1/models/not-a-uuid", headers=AUTH)
+        assert (response.status, (await response.json())["field"]) == (400, "uid")
+
+
+@pytest.mark.asyncio
+async def test_a_uid_that_is_not_a_uuid_is_refused_naming_the_field_and_nothing_changes(
+    node: Node,
+) -> None:
+    async with node.served():
+        assert (await node.put(desired(1, 1, entry(A))))[0] == 200
+        status, answer = await node.put(desired(1, 2, entry(A), entry("not-a-uuid")))
+        assert (status, answer["reason"], answer["field"]) == (400, "Invalid", "entries[1].uid")
+        assert "UUID" in answer["message"]
+        status, body = await node.get("/v1/models")
+        assert status == 200 and [m["uid"] for m in body["models"]] == [A]
+        assert (await node.put(desired(1, 3, entry(A), entry(B))))[0] == 200
 
 
 # --- authentication ------------------------------------------------------------------------
@@ -370,17 +392,17 @@ async def test_a_body_that_is_not_json_is_a_400(node: Node) -> None:
 @pytest.mark.asyncio
 async def test_calls_without_or_with_a_wrong_token_change_nothing(node: Node) -> None:
     async with node.served():
-        status, body = await node.put(desired(1, 1, entry("a")), headers={})
+        status, body = await node.put(desired(1, 1, entry(A)), headers={})
         assert (status, body["reason"]) == (401, "Unauthorized")
         wrong = {"Authorization": "Bearer not-the-token"}
-        assert (await node.put(desired(1, 1, entry("a")), headers=wrong))[0] == 403
+        assert (await node.put(desired(1, 1, entry(A)), headers=wrong))[0] == 403
         basic = {"Authorization": f"Basic {TOKEN}"}
-        assert (await node.put(desired(1, 1, entry("a")), headers=basic))[0] == 401
+        assert (await node.put(desired(1, 1, entry(A)), headers=basic))[0] == 401
         for method, path in [
             ("GET", "/v1/node"),
             ("GET", "/v1/models"),
-            ("POST", "/v1/models/a/swap-in"),
-            ("DELETE", "/v1/models/a"),
+            ("POST", f"/v1/models/{A}/swap-in"),
+            ("DELETE", f"/v1/models/{A}"),
         ]:
             response = await node.client.request(method, path, headers=wrong)
             assert response.status == 403, path
@@ -455,13 +477,13 @@ async def test_a_failed_unload_is_retried_and_a_broken_backend_is_a_500(node: No
     node.backend = backend
     node.service = ControlService(backend, node.settings, clock=node.clock)
     async with node.served():
-        await node.put(desired(1, 1, entry("a"), entry("b")))
-        await node.put(desired(1, 2, entry("a")))
+        await node.put(desired(1, 1, entry(A), entry(B)))
+        await node.put(desired(1, 2, entry(A)))
         node.clock.now += GRACE
         assert await node.service.unload_due() == ()  # failed: stays scheduled
-        assert await node.service.unload_due() == ("b",)
+        assert await node.service.unload_due() == (B,)
         backend.scramble = True
-        status, body = await node.put(desired(1, 3, entry("a"), entry("c")))
+        status, body = await node.put(desired(1, 3, entry(A), entry(C)))
         assert (status, body["reason"]) == (500, "InternalError")
 
 
@@ -486,11 +508,11 @@ async def test_the_served_app_unloads_on_its_own_timer(tmp_path: Path) -> None:
         host, port = runner.addresses[0][:2]
         async with aiohttp.ClientSession(headers=AUTH) as session:
             url = f"http://{host}:{port}/v1/desired"
-            for body in (desired(1, 1, entry("a")), desired(1, 2)):
+            for body in (desired(1, 1, entry(A)), desired(1, 2)):
                 async with session.put(url, json=body) as response:
                     assert response.status == 200
         node.clock.now += GRACE
-        await _wait_for(lambda: node.backend.unloaded == ["a"])
+        await _wait_for(lambda: node.backend.unloaded == [A])
     finally:
         await runner.cleanup()
 

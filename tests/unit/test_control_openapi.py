@@ -156,29 +156,32 @@ async def test_real_answers_are_documented_and_match_their_schemas(
     app = make_app(service(tmp_path), TokenFile(tmp_path / "token"))
     spec = {"model": {"source": {"uri": "/m"}, "weightsBytes": "1Gi"}}
     pinned = {**spec, "swapPolicy": {"idleAfter": "never", "pinned": True}}
+    #: Kubernetes UIDs, by the names of the models they stand for.
+    uids = {label: f"00000000-0000-4000-8000-{n:012x}" for n, label in enumerate(["a", "p", "big", "zzz", "gone"])}  # fmt: skip
+    labels = {uid: label for label, uid in uids.items()}
 
     def entry(uid: str, body: dict[str, Any]) -> dict[str, Any]:
-        return {"uid": uid, "namespace": "ns", "name": uid, "generation": 1, "spec": body}
+        return {"uid": uid, "namespace": "ns", "name": labels[uid], "generation": 1, "spec": body}
 
     calls: list[tuple[str, str, str, Any, dict[str, str]]] = [
         ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 2, "counter": 1},
-         "entries": [entry("a", spec), entry("p", pinned), entry("big", {**spec, "model": {**spec["model"], "weightsBytes": "20Gi"}})]}, auth),
+         "entries": [entry(uids["a"], spec), entry(uids["p"], pinned), entry(uids["big"], {**spec, "model": {**spec["model"], "weightsBytes": "20Gi"}})]}, auth),
         ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 1, "counter": 1}, "entries": []}, auth),
         ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 2}}, auth),
-        ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 2, "counter": 2}, "entries": [entry("a", {**spec, "bogus": 1})]}, auth),
+        ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 2, "counter": 2}, "entries": [entry(uids["a"], {**spec, "bogus": 1})]}, auth),
         ("get", "/v1/node", "/v1/node", None, auth),
         ("get", "/v1/node", "/v1/node", None, {}),
         ("get", "/v1/node", "/v1/node", None, {"Authorization": "Bearer nope"}),
         ("get", "/v1/models", "/v1/models", None, auth),
-        ("get", "/v1/models/{uid}", "/v1/models/a", None, auth),
-        ("get", "/v1/models/{uid}", "/v1/models/zzz", None, auth),
+        ("get", "/v1/models/{uid}", f"/v1/models/{uids['a']}", None, auth),
+        ("get", "/v1/models/{uid}", f"/v1/models/{uids['zzz']}", None, auth),
         ("get", "/v1/models/{uid}", "/v1/models/.bad", None, auth),
-        ("post", "/v1/models/{uid}/swap-out", "/v1/models/a/swap-out", None, auth),
-        ("post", "/v1/models/{uid}/swap-out", "/v1/models/p/swap-out", None, auth),
-        ("post", "/v1/models/{uid}/swap-in", "/v1/models/a/swap-in", None, auth),
-        ("post", "/v1/models/{uid}/swap-in", "/v1/models/zzz/swap-in", None, auth),
-        ("delete", "/v1/models/{uid}", "/v1/models/a", None, auth),
-        ("delete", "/v1/models/{uid}", "/v1/models/gone", None, auth),
+        ("post", "/v1/models/{uid}/swap-out", f"/v1/models/{uids['a']}/swap-out", None, auth),
+        ("post", "/v1/models/{uid}/swap-out", f"/v1/models/{uids['p']}/swap-out", None, auth),
+        ("post", "/v1/models/{uid}/swap-in", f"/v1/models/{uids['a']}/swap-in", None, auth),
+        ("post", "/v1/models/{uid}/swap-in", f"/v1/models/{uids['zzz']}/swap-in", None, auth),
+        ("delete", "/v1/models/{uid}", f"/v1/models/{uids['a']}", None, auth),
+        ("delete", "/v1/models/{uid}", f"/v1/models/{uids['gone']}", None, auth),
     ]  # fmt: skip
     seen: set[tuple[str, str, int]] = set()
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:

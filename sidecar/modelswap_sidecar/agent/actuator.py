@@ -18,6 +18,7 @@ from typing import Any
 
 from modelswap_api.control import ActionResult
 from modelswap_sidecar.agent.errors import LoadError
+from modelswap_sidecar.agent.isolation import each_record
 from modelswap_sidecar.agent.loading import ModelLoader
 from modelswap_sidecar.agent.placement import Deferral, Placement, place
 from modelswap_sidecar.agent.records import AgentModel, Serving
@@ -171,21 +172,23 @@ class Actuator:
         """Place every desired model that waits for a place (pending, deferred, failed and
         due for a retry)."""
         now = self.clock()
-        for model in list(self.records.values()):
-            if not model.desired or self.busy(model.uid):
-                continue
-            if model.serving is Serving.FAILED:
-                due = (model.failed_at_seconds or 0.0) + self._retry_seconds
-                if now < due and model.failed_generation == model.entry.generation:
-                    continue
-            elif model.serving not in (Serving.PENDING, Serving.DEFERRED):
-                continue
-            decision = self.try_place(model)
-            if isinstance(decision, Placement):
-                self.start_load(model, decision)
-            else:
-                model.serving = Serving.DEFERRED
-                model.reason, model.message = decision.reason, decision.message
+        each_record(self.records.values(), "place", lambda model: self._reconcile(model, now))
+
+    def _reconcile(self, model: AgentModel, now: float) -> None:
+        if not model.desired or self.busy(model.uid):
+            return
+        if model.serving is Serving.FAILED:
+            due = (model.failed_at_seconds or 0.0) + self._retry_seconds
+            if now < due and model.failed_generation == model.entry.generation:
+                return
+        elif model.serving not in (Serving.PENDING, Serving.DEFERRED):
+            return
+        decision = self.try_place(model)
+        if isinstance(decision, Placement):
+            self.start_load(model, decision)
+        else:
+            model.serving = Serving.DEFERRED
+            model.reason, model.message = decision.reason, decision.message
 
     _retry_seconds = 60.0
 
@@ -343,16 +346,17 @@ class Actuator:
 
     def reload_all(self) -> int:
         """Load again every model Triton served (from the host store; stubs restore)."""
-        count = 0
-        for model in self.records.values():
-            if model.desired and model.serving in (Serving.LOADED, Serving.LOADING):
-                model.serving = Serving.LOADING
-                model.reason, model.message = "Reloading", "Triton restarted"
-                self.spawn(self._reload(model), f"reload-{model.uid}")
-                count += 1
-            elif model.serving is Serving.FAILED:
-                model.failed_at_seconds = None  # it may have failed against the dead Triton
-        return count
+        return sum(each_record(self.records.values(), "reload", self._reload_one))
+
+    def _reload_one(self, model: AgentModel) -> int:
+        if model.desired and model.serving in (Serving.LOADED, Serving.LOADING):
+            model.serving = Serving.LOADING
+            model.reason, model.message = "Reloading", "Triton restarted"
+            self.spawn(self._reload(model), f"reload-{model.uid}")
+            return 1
+        if model.serving is Serving.FAILED:
+            model.failed_at_seconds = None  # it may have failed against the dead Triton
+        return 0
 
     async def _reload(self, model: AgentModel) -> None:
         async with self.lock_of(model.uid):

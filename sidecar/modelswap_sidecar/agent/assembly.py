@@ -279,12 +279,12 @@ async def adopt(agent: Agent) -> int:
     for entry in load_entries(agent.settings.state_dir / DESIRED_FILE):
         if entry.uid in agent.actuator.records:
             continue  # the operator pushed it first
-        try:
+        try:  # a saved entry this agent cannot hold (an older agent took it) stays out
             policy = agent.backend.policy_of(entry)
+            model = AgentModel(entry=entry, policy=policy)
         except Exception as e:
             log.warning("not adopting %s: %s", entry.uid, e)
             continue
-        model = AgentModel(entry=entry, policy=policy)
         try:
             model.gpu = agent.engine.model(model.triton_name).config.gpu
         except UnknownModel:

@@ -31,14 +31,18 @@ from modelswap_api.policy import EffectivePolicy, effective_policy
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.desired_file import save_entries
+from modelswap_sidecar.agent.isolation import FAULT_REASON, fault_message, note_fault
 from modelswap_sidecar.agent.loading import engine_config
 from modelswap_sidecar.agent.model_changes import changed_fields, refusal
 from modelswap_sidecar.agent.placement import Placement
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.control.errors import UnknownModelError
 from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+from modelswap_sidecar.triton.naming import triton_model_name
 
 log = logging.getLogger(__name__)
+
+_TAKE = "take the desired entry of"
 
 
 def _result(uid: str, outcome: Outcome, reason: str, message: str = "") -> EntryResult:
@@ -81,13 +85,37 @@ class AgentBackend:
     # -- NodeBackend ---------------------------------------------------------------------------
 
     async def converge(self, entries: Sequence[DesiredEntry]) -> Sequence[EntryResult]:
-        results = [await self._take(entry) for entry in entries]
+        results = [await self._take_guarded(entry) for entry in entries]
         await asyncio.to_thread(
             save_entries, self.desired_file, [m.entry for m in self.records.values() if m.desired]
         )
         return results
 
+    async def _take_guarded(self, entry: DesiredEntry) -> EntryResult:
+        """`_take`, with an unexpected failure kept to this entry: `conflict` with reason
+        `AgentError` (the record, if one was made, is reported Failed), the rest go on."""
+        try:
+            result = await self._take(entry)
+        except Exception as e:
+            model = self.records.get(entry.uid)
+            if model is not None:
+                note_fault(model, _TAKE, e)
+                message = fault_message(model)
+            else:
+                log.error("desired entry %s: failed to take it", entry.uid, exc_info=e)
+                message = f"the agent failed to take this entry ({type(e).__name__})"
+            return _result(entry.uid, "conflict", FAULT_REASON, message)
+        model = self.records.get(entry.uid)
+        if model is not None:
+            model.faults.pop(_TAKE, None)
+        return result
+
     async def _take(self, entry: DesiredEntry) -> EntryResult:
+        try:
+            triton_model_name(entry.uid)
+        except ValueError:
+            message = "uid: not a UUID; the node cannot hold it"
+            return _result(entry.uid, "conflict", "InvalidUid", message)
         gpus = self.actuator.gpu_uuids
         if entry.gpu is not None and entry.gpu not in gpus:
             return _result(entry.uid, "conflict", "UnknownGpu", f"no GPU {entry.gpu} on this node")
@@ -175,7 +203,7 @@ class AgentBackend:
 
     async def models(self) -> Sequence[ModelInfo]:
         engine, uuids = self.actuator.engine, self.actuator.gpu_uuids
-        return [reports.model_info(engine, m, uuids) for m in self.records.values()]
+        return reports.model_infos(engine, self.records.values(), uuids)
 
     async def swap_in(self, uid: str) -> ActionResult:
         return await self.actuator.swap_in(self._model(uid))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.isolation import each_record
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.gateway.directory import ModelRoute
@@ -107,11 +108,10 @@ class AgentDirectory:
         )
 
     def routes(self, namespace: str | None) -> Sequence[ModelRoute]:
-        return [
-            self.route_of(m)
-            for m in self._served()
-            if namespace is None or m.entry.namespace == namespace
-        ]
+        """Routes of the served models; a model whose route cannot be made is left out (its
+        fault noted, `isolation`) and the others stay routable."""
+        served = [m for m in self._served() if namespace is None or m.entry.namespace == namespace]
+        return each_record(served, "route requests to", self.route_of)
 
     def lookup(self, name: str, namespace: str | None) -> ModelRoute:
         return resolve(self.routes(None), name, namespace)

@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 
 from modelswap_sidecar.agent.actuator import Actuator, labels_of
-from modelswap_sidecar.agent.records import Serving
+from modelswap_sidecar.agent.isolation import each_record
+from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.engine.core import ModelStatus
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.metrics import NodeMetrics
 from modelswap_sidecar.triton.driver import ModelStatistics, TritonDriver
@@ -95,37 +97,44 @@ class PolicyLoop:
             model.last_request_seconds = now - max(wall - last, 0.0)
 
     def observe_engine(self) -> None:
+        """Per model (one at a time: a fault stays that model's, `isolation`)."""
+        states = {s.name: s for s in self.actuator.engine.statuses()}
+        now = self.actuator.clock()
+        each_record(
+            self.actuator.records.values(),
+            "observe the engine state of",
+            lambda model: self._observe(model, states, now),
+        )
+
+    def _observe(self, model: AgentModel, states: dict[str, ModelStatus], now: float) -> None:
         act = self.actuator
-        now = act.clock()
-        states = {s.name: s for s in act.engine.statuses()}
-        for model in act.records.values():
-            status = states.get(model.triton_name)
-            if status is None or model.serving is not Serving.LOADED:
-                continue
-            if status.state is EngineState.RESIDENT and model.engine_state != status.state:
-                model.resident_since_seconds = now
-            model.engine_state = str(status.state)
-            # swaps the engine did by itself (request-driven swap-ins, make-room evictions)
-            if status.swap_ins > model.swap_ins:
-                if self.metrics is not None and model.gpu is not None:
-                    self.metrics.observe_swap_in(
-                        labels_of(model),
-                        act.gpu_uuids[model.gpu],
-                        status.last_swap_in_seconds,
-                        model.weights_bytes,
-                    )
-                model.swap_ins = status.swap_ins
-            if status.swap_outs > model.swap_outs:
-                if self.metrics is not None and model.gpu is not None:
-                    self.metrics.observe_swap_out(
-                        labels_of(model),
-                        act.gpu_uuids[model.gpu],
-                        reason="MakeRoom",
-                        seconds=0.0,
-                        bytes_moved=0,
-                        idle_seconds=0.0,
-                    )
-                model.swap_outs = status.swap_outs
+        status = states.get(model.triton_name)
+        if status is None or model.serving is not Serving.LOADED:
+            return
+        if status.state is EngineState.RESIDENT and model.engine_state != status.state:
+            model.resident_since_seconds = now
+        model.engine_state = str(status.state)
+        # swaps the engine did by itself (request-driven swap-ins, make-room evictions)
+        if status.swap_ins > model.swap_ins:
+            if self.metrics is not None and model.gpu is not None:
+                self.metrics.observe_swap_in(
+                    labels_of(model),
+                    act.gpu_uuids[model.gpu],
+                    status.last_swap_in_seconds,
+                    model.weights_bytes,
+                )
+            model.swap_ins = status.swap_ins
+        if status.swap_outs > model.swap_outs:
+            if self.metrics is not None and model.gpu is not None:
+                self.metrics.observe_swap_out(
+                    labels_of(model),
+                    act.gpu_uuids[model.gpu],
+                    reason="MakeRoom",
+                    seconds=0.0,
+                    bytes_moved=0,
+                    idle_seconds=0.0,
+                )
+            model.swap_outs = status.swap_outs
 
 
 class RuntimeWatch:

@@ -125,8 +125,7 @@ class NodeReporter:
         records = sorted(self.actuator.records.values(), key=lambda m: m.uid)
         self.request_times.keep_only([record.uid for record in records])
         models = []
-        for record in records:
-            model = reports.model_info(engine, record, uuids)
+        for record, model in zip(records, reports.model_infos(engine, records, uuids), strict=True):
             last_request = self.request_times.shown(record.uid, record.last_request_wall_seconds)
             models.append(
                 HostedModel(

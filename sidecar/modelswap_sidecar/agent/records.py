@@ -10,7 +10,7 @@ Triton and swap-in loads it again from its source.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modelswap_api.control import DesiredEntry
 from modelswap_api.policy import EffectivePolicy
@@ -57,6 +57,16 @@ class AgentModel:
     engine_state: str = ""
     swap_ins: int = 0
     swap_outs: int = 0
+    #: Work on this record that raised unexpectedly, by what it was (`isolation`): while
+    #: any is set the model is reported Failed with reason `AgentError`.
+    faults: dict[str, str] = field(default_factory=dict)
+    #: Derived once from the UID, so a record that exists always has one.
+    _triton_name: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """ValueError for a UID that is not a UUID: such a record is never made, so no
+        loop, report or route over the records can trip over it later."""
+        self._triton_name = triton_model_name(self.entry.uid)
 
     @property
     def uid(self) -> str:
@@ -64,7 +74,7 @@ class AgentModel:
 
     @property
     def triton_name(self) -> str:
-        return triton_model_name(self.entry.uid)
+        return self._triton_name
 
     @property
     def weights_bytes(self) -> int:

@@ -4,11 +4,13 @@ state sample, read from the records and the engine (no side effects)."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 from modelswap_api.control import ModelInfo, NodeInfo
 from modelswap_api.models import GpuStatus, Link, Phase
+from modelswap_sidecar.agent.isolation import FAULT_REASON, fault_message, guarded
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.engine.core import Engine, ModelStatus
 from modelswap_sidecar.engine.errors import UnknownModel
@@ -78,7 +80,40 @@ def state_and_phase(model: AgentModel, status: ModelStatus | None) -> tuple[str,
     return str(status.state), phase_of(status.state).phase
 
 
+def fault_info(model: AgentModel) -> ModelInfo:
+    """What is reported for a model whose report itself failed: its identity, `Failed`."""
+    return ModelInfo(
+        uid=model.uid,
+        namespace=model.entry.namespace,
+        name=model.entry.name,
+        generation=model.entry.generation,
+        state=str(S.FAILED),
+        phase="Failed",
+        desired=model.desired,
+        reason=FAULT_REASON,
+        message=fault_message(model) or None,
+    )
+
+
+def model_infos(
+    engine: Engine, models: Iterable[AgentModel], gpu_uuids: tuple[str, ...]
+) -> list[ModelInfo]:
+    """`model_info` of each model, one at a time (`isolation`): a model whose report fails,
+    or with any other fault, is listed as `fault_info`."""
+    infos = []
+    for model in list(models):
+        info = guarded(
+            model,
+            "report",
+            lambda m: model_info(engine, m, gpu_uuids),
+            functools.partial(fault_info, model),
+        )
+        infos.append(fault_info(model) if model.faults else info)
+    return infos
+
+
 def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) -> ModelInfo:
+    """The model as the control API reports it (`model_infos` reports faults over it)."""
     status = status_of(engine, model)
     state, phase = state_and_phase(model, status)
     resident = status.resident_bytes if status is not None else 0
@@ -153,15 +188,13 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
                 host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
             )
         )
-    samples = []
-    for model in models:
-        info = model_info(engine, model, gpu_uuids)
-        samples.append(
-            ModelSample(
-                model=ModelLabels(uid=model.uid, namespace=info.namespace, name=info.name),
-                state=info.state,
-                resident_bytes=info.resident_bytes,
-                host_bytes=info.host_bytes,
-            )
+    samples = [
+        ModelSample(
+            model=ModelLabels(uid=info.uid, namespace=info.namespace, name=info.name),
+            state=info.state,
+            resident_bytes=info.resident_bytes,
+            host_bytes=info.host_bytes,
         )
+        for info in model_infos(engine, models, gpu_uuids)
+    ]
     return NodeSample(gpus=gpus, models=samples)

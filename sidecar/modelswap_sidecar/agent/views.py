@@ -1,7 +1,9 @@
-"""Pure: the policy's `NodeView` from what the agent holds and what the engine reports.
+"""The policy's `NodeView` from what the agent holds and what the engine reports (no side
+effects but `isolation`'s fault bookkeeping).
 
 Only models the runtime serves (or is loading, or dropped and due back) hold or may claim
-HBM; models pending, deferred, failed or unloaded are left out.
+HBM; models pending, deferred, failed or unloaded are left out, and so is a model whose view
+cannot be made (its fault noted: the others are still weighed).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from modelswap_sidecar.agent.isolation import each_record
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.policy.inputs import GpuView, ModelView, NodeView, Residency
@@ -64,13 +67,14 @@ def node_view(
 ) -> NodeView:
     """`engine_states` is keyed by Triton model name (the engine's model name)."""
     uuids = {g.ordinal: g.uuid for g in gpus}
-    views = []
-    for m in models:
+
+    def view_of(m: AgentModel) -> ModelView | None:
         if m.gpu is None or m.gpu not in uuids:
-            continue
+            return None
         residency = residency_of(m, engine_states.get(m.triton_name))
-        if residency is not None:
-            views.append(model_view(m, residency, uuids[m.gpu], now_seconds))
+        return None if residency is None else model_view(m, residency, uuids[m.gpu], now_seconds)
+
+    views = [v for v in each_record(models, "weigh the HBM of", view_of) if v is not None]
     return NodeView(
         gpus=tuple(
             GpuView(
