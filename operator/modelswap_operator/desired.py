@@ -2,26 +2,28 @@
 
 An entry carries the model's identity, generation, spec, the GPU the planner chose, the
 effective policy computed once here (the agent keeps no defaults of its own for it) and
-the source credentials resolved from the model's Secret. Every entry is checked exactly
-as the agent checks it (`parse_desired_set`): one invalid entry makes the agent refuse the
-whole PUT, so an entry that fails is left out and reported on its own object.
+the source credentials resolved from the model's Secret. One invalid entry makes the agent
+refuse the whole PUT, so an entry that cannot be sent is left out and reported on its own
+object (`check_entry`, and `refused_entry` for what only the agent finds).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modelswap_api.control import DesiredEntry, Revision, SourceCredentials, parse_desired_set
-from modelswap_api.errors import ModelError, ResourceError
+from modelswap_api.control import DesiredEntry, Revision, SourceCredentials, check_uid
+from modelswap_api.errors import ModelError
 from modelswap_api.models import ModelDeployment
 from modelswap_api.policy import EffectivePolicy
 
 #: The key of a source's credentials Secret: the Authorization header value.
 AUTHORIZATION_KEY = "authorization"
+_ENTRY_FIELD = re.compile(r"^entries\[(\d+)\]\.?")
 
 
 @dataclass(frozen=True)
@@ -85,22 +87,29 @@ def entry_for(
 
 
 def check_entry(entry: DesiredEntry) -> EntryProblem | None:
-    """The entry as the agent will check it; the problem's field is relative to the object
-    (`spec.model.weightsBytes`), not to the set."""
-    body = {"revision": {"term": 0, "counter": 0}, "entries": [entry.to_dict()]}
+    """What the agent checks that the API server did not: the UID's shape. The spec passed
+    the same CRD schema and rules at the API server, and the policy was checked when it was
+    merged, so checking them again here would cost every turn the CEL evaluations of every
+    model for nothing; should an agent still refuse an entry (a CRD skew), the reconciler
+    leaves that entry out and pushes again (`refused_entry`)."""
     try:
-        parse_desired_set(body)
-    except ResourceError as e:
-        first = e.errors[0]
-        return EntryProblem(entry.uid, "InvalidEntry", _relative(first.path), str(e))
+        check_uid(entry.uid)
     except ModelError as e:
-        return EntryProblem(entry.uid, "InvalidEntry", _relative(e.path), str(e))
+        return EntryProblem(entry.uid, "InvalidEntry", "metadata.uid", str(e))
     return None
 
 
-def _relative(path: str) -> str:
-    prefix = "entries[0]."
-    return path[len(prefix) :] if path.startswith(prefix) else path
+def refused_entry(field_path: str | None, entries: Sequence[DesiredEntry]) -> DesiredEntry | None:
+    """The entry an agent's 400 names (`entries[3].spec.model.weightsBytes`), if any."""
+    match = _ENTRY_FIELD.match(field_path or "")
+    if match is None or int(match.group(1)) >= len(entries):
+        return None
+    return entries[int(match.group(1))]
+
+
+def relative_field(field_path: str) -> str:
+    """`entries[3].spec.model.weightsBytes` -> `spec.model.weightsBytes`."""
+    return _ENTRY_FIELD.sub("", field_path, count=1) or "spec"
 
 
 def revision(term: int, counter: int) -> Revision:

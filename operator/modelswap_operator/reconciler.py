@@ -97,6 +97,20 @@ def _deployment(body: Body) -> ModelDeployment:
     )
 
 
+#: Entries one push may leave out after the agent refused them, before it gives up.
+MAX_REFUSED_PER_PUSH = 8
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    uid: str
+    generation: int
+    namespace: str
+    name: str
+    field: str
+    message: str
+
+
 @dataclass
 class _Sent:
     """The last set pushed to a node and how it went."""
@@ -140,6 +154,8 @@ class Reconciler:
         self._routed: dict[str, tuple[str, str]] = {}
         self._statuses: dict[str, dict[str, Any]] = {}
         self._release_waiters: dict[str, asyncio.Event] = {}
+        #: (uid, generation) -> (field, message) of entries an agent refused.
+        self._refused: dict[tuple[str, int], tuple[str, str]] = {}
         self._ready = asyncio.Event()
 
     # -- running -------------------------------------------------------------------------------
@@ -305,6 +321,9 @@ class Reconciler:
                     verdict, problem.reason, problem.field, problem.message
                 )
                 continue
+            if (refusal := self._refused.get((uid, entry.generation))) is not None:
+                verdicts[uid] = _with_problem(verdict, "RefusedByAgent", *refusal)
+                continue
             by_node[verdict.node].append(entry)
         return by_node
 
@@ -330,12 +349,28 @@ class Reconciler:
         )
 
     async def _push(self, swapnode: Body, entries: list[DesiredEntry], now: float) -> None:
+        """Push `entries`; an entry the agent refuses (400 naming `entries[i]`) is left out,
+        remembered for its generation (its status says why) and the rest pushed again."""
+        node = str(swapnode["metadata"]["name"])
+        for _ in range(MAX_REFUSED_PER_PUSH):
+            refused = await self._push_once(swapnode, entries, now)
+            if refused is None:
+                return
+            key = (refused.uid, refused.generation)
+            self._refused[key] = (desired.relative_field(refused.field), refused.message)
+            log.warning("node %s refused %s/%s: %s", node, refused.namespace, refused.name,
+                        refused.message)  # fmt: skip
+            entries = [e for e in entries if e.uid != refused.uid]
+
+    async def _push_once(
+        self, swapnode: Body, entries: list[DesiredEntry], now: float
+    ) -> _Refusal | None:
         address = AgentAddress.of(swapnode)
         node = str(swapnode["metadata"]["name"])
         previous = self._sent.get(node)
         if address is None:
             self._sent[node] = _Sent(entries, now, ok=False, error="its SwapNode names no endpoint")
-            return
+            return None
         self._counter += 1
         body = DesiredSet(
             revision=desired.revision(self.term(), self._counter),
@@ -348,10 +383,15 @@ class Reconciler:
         except AgentError as e:
             outcome = type(e).__name__.removeprefix("Agent").lower()
             self.metrics.pushes.labels(outcome).inc()
+            if isinstance(e, AgentRefused) and e.status == 400:
+                entry = desired.refused_entry(e.field, entries)
+                if entry is not None:
+                    return _Refusal(entry.uid, entry.generation, entry.namespace, entry.name,
+                                    e.field or "", str(e))  # fmt: skip
             if previous is None or previous.error != str(e):
                 log.warning("push to node %s failed: %s", node, e)
             self._sent[node] = _Sent(entries, now, ok=False, error=str(e))
-            return
+            return None
         self.metrics.pushes.labels("ok").inc()
         results = {r.uid: r for r in result.results}
         for r in result.results:
@@ -359,6 +399,7 @@ class Reconciler:
         if previous is None or not desired.same_entries(previous.entries, entries):
             log.info("node %s: pushed %d models (revision %s)", node, len(entries), body.revision)
         self._sent[node] = _Sent(entries, now, ok=True, results=results)
+        return None
 
     async def _release_all(
         self, snap: Snapshot, live: set[str], reports: Mapping[str, Mapping[str, HostedModel]]
@@ -511,6 +552,7 @@ class Reconciler:
                 await self.events.post(body, note.type, note.reason, note.message)
         for uid in set(self._statuses) - set(deployments):
             del self._statuses[uid]
+        self._refused = {key: why for key, why in self._refused.items() if key[0] in deployments}
 
     def _observed(
         self,

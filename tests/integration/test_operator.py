@@ -131,6 +131,11 @@ async def test_apply_edit_delete_and_node_loss(tmp_path: Path) -> None:
                 before = objects.get("classify")
                 assert before is not None
                 lost = before["status"]["node"]
+                stuck = load_yaml(EXAMPLES / "classify-drop-on-idle.yaml")
+                stuck["metadata"]["name"] = "stuck"
+                stuck["spec"]["placement"]["nodeSelector"] = {"kubernetes.io/hostname": lost}
+                objects.apply(stuck)  # can live only on that node
+                await wait_ready(objects, "stuck")
                 await nodes[lost].agent.stop()
                 moved = await until(
                     lambda: (o := ready(objects, "classify")) and o["status"]["node"] != lost and o,
@@ -141,6 +146,17 @@ async def test_apply_edit_delete_and_node_loss(tmp_path: Path) -> None:
                 assert any(reason == "NodeLost" for reason, _ in events), events
                 await classify_through_service(objects, "classify")
                 assert moved["status"]["node"] != lost
+
+                # A model that cannot leave the lost node says why; deleting it completes.
+                await until(
+                    lambda: objects.condition("stuck", "Placed").get("reason") == "NoMatchingNode",
+                    "stuck unplaced, naming its nodeSelector",
+                )
+                assert (
+                    "spec.placement.nodeSelector" in objects.condition("stuck", "Placed")["message"]
+                )
+                kubectl.run("delete", "md", "stuck", "--wait=false", check=True)
+                await until(lambda: objects.get("stuck") is None, "stuck gone with its node lost")
         objects.close()
 
 

@@ -81,7 +81,8 @@ def cluster_objects(namespaces: tuple[str, ...] = ("default",)) -> list[dict[str
         objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     for name in NODES:
         objects.append({"apiVersion": "v1", "kind": "Node",
-                        "metadata": {"name": name, "labels": {"pool": "sim"}}})  # fmt: skip
+                        "metadata": {"name": name, "labels": {"pool": "sim",
+                                                              "kubernetes.io/hostname": name}}})  # fmt: skip
     objects.append({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "modelswap-control-token", "namespace": OPERATOR_NAMESPACE},

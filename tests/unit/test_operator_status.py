@@ -150,7 +150,13 @@ def test_an_entry_carries_the_policy_and_the_gpu_and_is_checked_like_the_agent_d
     assert desired.check_entry(entry) is None
     bad = desired.entry_for(deployment(uid="not a uid"), gpu="g0", policy=POLICY, credentials=None)
     problem = desired.check_entry(bad)
-    assert problem is not None and problem.field == "uid"
+    assert problem is not None and problem.field == "metadata.uid"
+    # What only the agent finds: its 400 names the entry by index.
+    entries = [entry, bad]
+    assert desired.refused_entry("entries[1].spec.model.weightsBytes", entries) is bad
+    assert desired.refused_entry("entries[7].uid", entries) is None
+    assert desired.refused_entry("revision.term", entries) is None
+    assert desired.relative_field("entries[1].spec.model.weightsBytes") == "spec.model.weightsBytes"
 
 
 def test_routes_point_at_the_gateway_and_names_must_be_dns_labels() -> None:
