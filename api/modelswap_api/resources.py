@@ -20,6 +20,8 @@ from modelswap_api.validation import FieldValidation, SchemaValidator, Validatio
 
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_SUBDOMAIN_MAX = 253
+#: The API server's cap on all of an object's annotations together (keys and values), bytes.
+MAX_ANNOTATIONS_BYTES = 256 << 10
 
 
 @functools.cache
@@ -42,8 +44,11 @@ def validate_resource(
         validator = validator_for(str(kind))
     except CrdError as e:
         return ValidationResult(dict(obj), (FieldError("kind", fe.NOT_SUPPORTED, str(e)),))
+    metadata_errors = _metadata_errors(obj.get("metadata"))
+    if any(e.reason == fe.TOO_LONG for e in metadata_errors):
+        return ValidationResult(dict(obj), tuple(metadata_errors))  # before the schema's work
     result = validator.validate(obj, field_validation=field_validation)
-    errors = list(_metadata_errors(obj.get("metadata")))
+    errors = list(metadata_errors)
     if field_validation == "Strict":
         errors += [
             FieldError(path, fe.UNKNOWN, f'unknown field "{path}"')
@@ -52,9 +57,30 @@ def validate_resource(
     return ValidationResult(result.object, (*errors, *result.errors), result.unknown_fields)
 
 
+def _annotations_errors(annotations: Any) -> list[FieldError]:
+    """At most `MAX_ANNOTATIONS_BYTES` in all, string keys and values (as the API server)."""
+    if annotations is None:
+        return []
+    if not isinstance(annotations, dict):
+        return [FieldError("metadata.annotations", fe.TYPE_INVALID, "must be a map of strings")]
+    total = 0
+    for key, value in annotations.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            message = "Invalid value: annotations are strings"
+            return [FieldError("metadata.annotations", fe.TYPE_INVALID, message)]
+        total += len(key.encode()) + len(value.encode())
+        if total > MAX_ANNOTATIONS_BYTES:
+            message = f"Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"
+            return [FieldError("metadata.annotations", fe.TOO_LONG, message)]
+    return []
+
+
 def _metadata_errors(metadata: Any) -> list[FieldError]:
     if not isinstance(metadata, dict):
         return [FieldError("metadata", fe.REQUIRED, "Required value")]
+    annotations = _annotations_errors(metadata.get("annotations"))
+    if annotations:
+        return annotations
     name = metadata.get("name")
     if not name and not metadata.get("generateName"):
         return [

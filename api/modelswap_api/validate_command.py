@@ -1,7 +1,9 @@
 """`modelswap validate FILE|DIR…`: check ModelDeployment/SwapNode YAML as the cluster would.
 
 Prints one line per problem, `FILE: Kind namespace/name: field.path: message`, and exits
-non-zero when any document is invalid, so it fits CI pipelines and pre-commit hooks.
+non-zero when any document is invalid, so it fits CI pipelines and pre-commit hooks. Files
+are read within the limits of `modelswap_api.yaml_input` (1 MiB, UTF-8, aliases, depth,
+no duplicate keys); a file refused by one is one line naming the file and the limit.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from modelswap_api.resources import validate_resource
+from modelswap_api.yaml_input import YamlInputError, load_file
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -60,9 +61,12 @@ def _yaml_files(paths: list[Path]) -> Iterator[Path]:
 
 def _check_file(file: Path) -> Iterator[tuple[str, list[str]]]:
     try:
-        documents = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as e:
-        yield "file", [f"cannot read YAML: {e}"]
+        documents = load_file(file)
+    except YamlInputError as e:
+        yield "file", [str(e)]
+        return
+    except OSError as e:
+        yield "file", [f"cannot read: {e.strerror or e}"]
         return
     for index, document in enumerate(documents):
         if not isinstance(document, dict):

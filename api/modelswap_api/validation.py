@@ -1,6 +1,13 @@
 """The one validator: checks an object against a CRD's schema as the API server does.
 
-Order, as in kube-apiserver: prune unknown fields (reporting them, so callers can refuse
+First a structural pre-check (`bounds_errors`): every `maxProperties`, `maxItems` and
+`maxLength` of the schema, checked by counting before anything walks the object, so an
+oversized map or list (400,000 `nodeSelector` entries) is refused at once naming its field,
+never handed to jsonschema and CEL. An object with such a map or list gets only those
+errors; one with only strings too long goes on to the full check, which reports them with
+every other problem.
+
+Then, as in kube-apiserver: prune unknown fields (reporting them, so callers can refuse
 them under `fieldValidation=Strict`), apply schema defaults, check the OpenAPI schema
 (jsonschema, with Kubernetes' int-or-string and nullable), then run the CEL rules of every
 node whose subtree passed the schema checks. Root `apiVersion`, `kind` and `metadata` pass
@@ -66,6 +73,48 @@ class _Node:
     has_default: bool = False
     default: Any = None
     rules: tuple[Rule, ...] = ()
+    max_properties: int | None = None
+    max_items: int | None = None
+    max_length: int | None = None
+
+
+#: At most this many bound errors are reported per object (the first ones found).
+MAX_BOUND_ERRORS = 16
+
+
+def bounds_errors(node: _Node, value: Any) -> list[FieldError]:
+    """Every `maxProperties`/`maxItems`/`maxLength` the schema sets, checked by counting
+    (a container over its bound is not walked further; unknown fields are not walked)."""
+    errors: list[FieldError] = []
+    _bounds(node, value, "", errors)
+    return errors
+
+
+def _bounds(node: _Node, value: Any, path: str, errors: list[FieldError]) -> None:
+    if len(errors) >= MAX_BOUND_ERRORS:
+        return
+    if isinstance(value, Mapping):
+        if node.max_properties is not None and len(value) > node.max_properties:
+            message = f"Too many: {len(value)}: must have at most {node.max_properties} properties"
+            errors.append(FieldError(path, fe.TOO_MANY, message))
+            return
+        for key, child in value.items():
+            sub = node.properties.get(key) if isinstance(key, str) else None
+            if sub is None:
+                sub = node.additional
+            if sub is not None:
+                _bounds(sub, child, join_path(path, str(key)), errors)
+    elif isinstance(value, list):
+        if node.max_items is not None and len(value) > node.max_items:
+            message = f"Too many: {len(value)}: must have at most {node.max_items} items"
+            errors.append(FieldError(path, fe.TOO_MANY, message))
+            return
+        if node.items is not None:
+            for index, item in enumerate(value):
+                _bounds(node.items, item, join_path(path, index), errors)
+    elif isinstance(value, str) and node.max_length is not None and len(value) > node.max_length:
+        message = f"Too long: may not be more than {node.max_length} bytes"
+        errors.append(FieldError(path, fe.TOO_LONG, message))
 
 
 def _compile_node(schema: Mapping[str, Any], where: str) -> _Node:
@@ -77,6 +126,9 @@ def _compile_node(schema: Mapping[str, Any], where: str) -> _Node:
         rules=tuple(
             compile_rule(entry, where) for entry in schema.get("x-kubernetes-validations", ())
         ),
+        max_properties=schema.get("maxProperties"),
+        max_items=schema.get("maxItems"),
+        max_length=schema.get("maxLength"),
     )
     for name, child in schema.get("properties", {}).items():
         node.properties[name] = _compile_node(child, join_path(where, name))
@@ -165,6 +217,11 @@ class SchemaValidator:
         lists unknown fields, and callers refuse (Strict), warn (Warn) or ignore them.
         """
         del field_validation  # the caller acts on `unknown_fields`
+        oversized = bounds_errors(self._root, obj)
+        if len(oversized) >= MAX_BOUND_ERRORS or any(e.reason == fe.TOO_MANY for e in oversized):
+            # a map or list over its bound is not walked; a string too long alone is cheap
+            # to check, and the full check below reports it with every other problem
+            return ValidationResult(object=dict(obj), errors=tuple(oversized))
         value = copy.deepcopy(dict(obj))
         unknown: list[str] = []
         _prune(self._root, value, "", unknown, at_root=True)

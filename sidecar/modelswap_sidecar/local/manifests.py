@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from modelswap_api.errors import PolicyError
 from modelswap_api.policy import EffectivePolicy, effective_policy
 from modelswap_api.resources import validate_resource
+from modelswap_api.yaml_input import YamlInputError, load_file
 
 YAML_SUFFIXES = (".yaml", ".yml")
 MODEL_DEPLOYMENT = "ModelDeployment"
@@ -97,10 +96,15 @@ def check_document(
 
 
 def read_file(file: Path, defaults: Mapping[str, Any]) -> tuple[list[LocalModel], list[Problem]]:
+    """The file's models and problems; a file refused by a limit of
+    `modelswap_api.yaml_input` (size, UTF-8, aliases, depth, duplicate keys) is one problem
+    naming it, and the folder's other files are served."""
     try:
-        documents = [d for d in yaml.safe_load_all(file.read_text(encoding="utf-8"))]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        return [], [Problem(file, "file", f"cannot read YAML: {e}")]
+        documents = load_file(file)
+    except YamlInputError as e:
+        return [], [Problem(file, "file", str(e))]
+    except OSError as e:
+        return [], [Problem(file, "file", f"cannot read: {e.strerror or e}")]
     models: list[LocalModel] = []
     problems: list[Problem] = []
     for index, document in enumerate(documents):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 
+from modelswap_api import yaml_input
 from tests.support.kube_emulator import discovery, listing, openapi, protobuf, tables, watching
 from tests.support.kube_emulator.admission import parse_field_validation
 from tests.support.kube_emulator.errors import ApiError, bad_request, method_not_allowed
@@ -259,7 +259,10 @@ def _decode(raw: bytes, content_type: str) -> Any:
             reason="UnsupportedMediaType",
         )
     try:
-        return yaml.safe_load(raw) if kind == "application/yaml" else json.loads(raw)
+        if kind == "application/yaml":  # bounded as every reader of our YAML is
+            documents = yaml_input.load_text(raw.decode("utf-8"))
+            return documents[0] if documents else None
+        return json.loads(raw)
     except ValueError as e:
         raise bad_request(f"error decoding request body: {e}") from e
 

@@ -1,0 +1,232 @@
+"""Reading resource YAML from outside (`modelswap validate`, local mode's folder): bounded
+before any expensive work, so one hostile file is refused in well under a second.
+
+Every reader of ModelDeployment YAML goes through `load_file` (or `load_text`), which
+refuses, naming the limit:
+
+- a file over `MAX_YAML_FILE_BYTES` (1 MiB; a ModelDeployment is a few KiB, and the API
+  server refuses larger objects anyway), checked before it is read;
+- text that is not UTF-8 (the offset of the first bad byte is named);
+- more than `MAX_YAML_NODES` nodes in one file (20,000: reading is linear in them, about
+  20 µs each, and a ModelDeployment has a few hundred), counted on the parser's events
+  before anything is composed, the message naming the field being read;
+- more than `MAX_YAML_ALIASES` aliases in one file, and aliases that would add more than
+  `MAX_YAML_ALIAS_EXPANSION_NODES` nodes to a document once expanded (a "billion laughs"
+  file of 652 bytes expands to billions). Aliases are taken, not refused outright, because
+  `kubectl apply` takes them (sigs.k8s.io/yaml expands them) and a file that works with
+  kubectl should validate here; legitimate sharing adds a few dozen nodes;
+- nesting deeper than `MAX_YAML_DEPTH` (64; the deepest ModelDeployment field is 6 levels);
+- a key given twice in one mapping (kubectl refuses it too; PyYAML would keep the last one
+  silently), naming the key and its line. Merge keys (`<<: *base`) overriding a merged
+  key are not duplicates.
+
+The sizes of the fields themselves (`maxProperties`, `maxItems`, `maxLength`) are checked
+by the validator's pre-check (`validation.bounds_errors`) before jsonschema and CEL run,
+and `metadata.annotations` by `resources` (256 KiB in all, as the API server).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+#: Largest YAML file read, in bytes.
+MAX_YAML_FILE_BYTES = 1 << 20
+#: Most nodes (scalars, aliases, collections) in one file: reading is linear in them, and a
+#: ModelDeployment has a few hundred at most (split bigger sets across files).
+MAX_YAML_NODES = 20_000
+#: Most aliases (`*name`) in one file.
+MAX_YAML_ALIASES = 64
+#: Most nodes that aliases may add to one document when expanded.
+MAX_YAML_ALIAS_EXPANSION_NODES = 10_000
+#: Deepest nesting of collections.
+MAX_YAML_DEPTH = 64
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+#: LibYAML's parser when PyYAML has it (about ten times faster), else PyYAML's own.
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class YamlInputError(ValueError):
+    """A YAML input refused: the message names the limit or the problem, and the line."""
+
+
+class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
+    """Safe loading that refuses a key given twice in one mapping (merge keys aside)."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG or not isinstance(key_node, ScalarNode):
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise YamlInputError(
+                        f"line {key_node.start_mark.line + 1}: duplicate key {key!r}"
+                    )
+                seen.add(key)
+        result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return result
+
+
+class _Frame:
+    """A collection being read in `_check_events`: its path and where it stands."""
+
+    __slots__ = ("expect_key", "items", "key", "mapping", "path")
+
+    def __init__(self, path: str, mapping: bool) -> None:
+        self.path, self.mapping = path, mapping
+        self.expect_key, self.key, self.items = True, "", 0
+
+    def child_path(self) -> str:
+        if self.mapping:
+            return f"{self.path}.{self.key}" if self.path else self.key
+        return f"{self.path}[{self.items}]"
+
+    def took_one(self) -> None:
+        """A scalar, alias or whole collection was read in this collection."""
+        if self.mapping and self.expect_key:
+            self.expect_key = False
+            return
+        self.expect_key = True
+        self.items += 1
+
+
+def _check_events(text: str) -> None:
+    """One pass over the parser's events, before anything is composed: node, alias and
+    depth limits, the message naming where the limit was reached."""
+    loader = _SafeLoader(text)
+    frames: list[_Frame] = []
+    nodes = aliases = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()  # type: ignore[no-untyped-call]
+            line = event.start_mark.line + 1
+            where = f"line {line}" + (f" ({frames[-1].child_path()})" if frames else "")
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                if len(frames) >= MAX_YAML_DEPTH:
+                    raise YamlInputError(
+                        f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
+                    )
+                path = frames[-1].child_path() if frames else ""
+                frames.append(_Frame(path, isinstance(event, yaml.MappingStartEvent)))
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                frames.pop()
+                if frames:
+                    frames[-1].took_one()
+                continue
+            elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                if isinstance(event, yaml.AliasEvent):
+                    aliases += 1
+                    if aliases > MAX_YAML_ALIASES:
+                        raise YamlInputError(
+                            f"{where}: more than {MAX_YAML_ALIASES} aliases in one file "
+                            "(MAX_YAML_ALIASES)"
+                        )
+                if frames:
+                    frame = frames[-1]
+                    if frame.mapping and frame.expect_key:
+                        frame.key = str(getattr(event, "value", "*"))
+                    frame.took_one()
+            else:
+                continue
+            nodes += 1
+            if nodes > MAX_YAML_NODES:
+                raise YamlInputError(
+                    f"{where}: more than {MAX_YAML_NODES} nodes in one file (MAX_YAML_NODES)"
+                )
+    except yaml.YAMLError as e:
+        raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
+    finally:
+        loader.dispose()
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expansion(root: Node) -> None:
+    """Refuse a document whose aliases, expanded, add more than the limit (or refer to
+    themselves). Counted without recursion and without expanding: each distinct node's
+    expanded size is computed once (sizes are Python ints: a huge one costs nothing)."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise YamlInputError(f"line {node.start_mark.line + 1}: an alias refers to itself")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+    added = sizes[id(root)] - len(sizes)  # expanded nodes less the distinct ones
+    if added > MAX_YAML_ALIAS_EXPANSION_NODES:
+        raise YamlInputError(
+            f"line {root.start_mark.line + 1}: aliases expand this document by more than "
+            f"{MAX_YAML_ALIAS_EXPANSION_NODES} nodes (MAX_YAML_ALIAS_EXPANSION_NODES)"
+        )
+
+
+def load_text(text: str) -> list[Any]:
+    """The documents of `text` (empty ones dropped); YamlInputError naming the problem."""
+    _check_events(text)
+    loader = _Loader(text)
+    try:
+        documents = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            _check_expansion(node)
+            document = loader.construct_document(node)
+            if document is not None:
+                documents.append(document)
+        return documents
+    except YamlInputError:
+        raise
+    except yaml.YAMLError as e:
+        raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
+    finally:
+        loader.dispose()
+
+
+def load_file(path: Path) -> list[Any]:
+    """The documents of the file at `path`, within the limits above; YamlInputError (or
+    OSError) naming the problem, never a traceback's worth of text."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_YAML_FILE_BYTES:
+            raise YamlInputError(
+                f"{size} bytes: larger than the {MAX_YAML_FILE_BYTES}-byte limit "
+                "(MAX_YAML_FILE_BYTES)"
+            )
+        data = f.read(MAX_YAML_FILE_BYTES + 1)  # it may have grown since
+    if len(data) > MAX_YAML_FILE_BYTES:
+        raise YamlInputError(
+            f"larger than the {MAX_YAML_FILE_BYTES}-byte limit (MAX_YAML_FILE_BYTES)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise YamlInputError(f"not UTF-8 text (byte {e.start} is not valid UTF-8)") from e
+    return load_text(text)
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
