@@ -25,6 +25,8 @@ import array
 import contextlib
 import enum
 import json
+import logging
+import math
 import os
 import queue
 import socket
@@ -37,6 +39,8 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 #: Linux's SCM_MAX_FD is 253 fds per control message.
+_log = logging.getLogger(__name__)
+
 MAX_FDS_PER_PACKET = 253
 #: Biggest JSON packet either side sends or accepts.
 MAX_PACKET_BYTES = 1 << 20
@@ -202,22 +206,53 @@ def _encode(message: Message, nfds: int) -> bytes:
     return data
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # `1e999`: no field of the protocol takes it
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _integer(doc: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = doc.get(key, default)
+    if type(value) is not int:
+        raise ValueError(f"{key}: expected an integer")
+    return value
+
+
 def _decode(data: bytes) -> tuple[Message, int]:
+    """A packet as a Message; ProtocolError for anything malformed (not JSON or not UTF-8,
+    nested past the interpreter's recursion limit, a non-finite number, a non-integer where
+    an integer belongs), so a bad packet never escapes as another exception."""
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_float=_finite_float, parse_constant=_refuse_constant)
+        if not isinstance(doc, dict):
+            raise ValueError("expected an object")
         op = Op(doc["op"])
-        message = Message(op, int(doc["id"]), int(doc.get("epoch", 0)), dict(doc.get("body", {})))
+        body = doc.get("body", {})
+        if not isinstance(body, dict):
+            raise ValueError("body: expected an object")
+        message = Message(op, _integer(doc, "id"), _integer(doc, "epoch", 0), body)
         if op in (Op.REPLY, Op.FDS):
-            message.re = int(doc["re"])
+            message.re = _integer(doc, "re")
         if op is Op.REPLY:
             message.ok = bool(doc["ok"])
             if not message.ok:
                 error = doc.get("error", {})
                 message.error_code = ErrorCode(error.get("code", ErrorCode.INTERNAL))
                 message.error_message = str(error.get("message", ""))
-        return message, int(doc.get("nfds", 0))
-    except (ValueError, KeyError, TypeError) as e:
-        raise ProtocolError(f"malformed packet: {e}") from e
+        nfds = _integer(doc, "nfds", 0)
+        if nfds < 0:
+            raise ValueError("nfds: must be 0 or more")
+        return message, nfds
+    except RecursionError as e:
+        raise ProtocolError("malformed packet: nested too deeply") from e
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
+        raise ProtocolError(f"malformed packet: {str(e)[:200]}") from e
 
 
 class Channel:
@@ -280,7 +315,12 @@ class Channel:
         if packet is None:
             return None
         data, fds = packet
-        message, nfds = _decode(data)
+        try:
+            message, nfds = _decode(data)
+        except BaseException:
+            for fd in fds:  # a malformed packet's fds are closed, not leaked
+                os.close(fd)
+            raise
         try:
             while len(fds) < nfds:
                 more = self._recv_packet()
@@ -429,7 +469,13 @@ class Peer:
             while True:
                 try:
                     message = self.channel.recv()
-                except (OSError, ProtocolError):
+                except OSError:
+                    break
+                except ProtocolError as e:  # this connection only; the others go on
+                    _log.warning("%s: closing the connection: %s", self.name, e)
+                    break
+                except Exception as e:  # never a dead reader thread with a traceback
+                    _log.error("%s: closing the connection: %s", self.name, type(e).__name__)
                     break
                 if message is None:
                     break
