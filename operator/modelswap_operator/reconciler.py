@@ -227,23 +227,26 @@ class Reconciler:
         live = live_nodes(snap.swapnodes, snap.leases, now, self.settings.grace_seconds)
         reports = {name: reported_models(snap.swapnodes[name]) for name in live}
 
-        deployments: dict[str, ModelDeployment] = {}
-        broken: dict[str, str] = {}
+        active: list[ModelDeployment] = []
+        unreadable: dict[str, Verdict] = {}
         for uid, body in snap.deployments.items():
             try:
-                deployments[uid] = _deployment(body)
-            except ContractError as e:
-                broken[uid] = str(e)
-        active = [d for uid, d in deployments.items() if not _deleting(snap.deployments[uid])]
+                deployment = _deployment(body)
+            except ContractError as e:  # e.g. stored under an older schema: say so, plan the rest
+                unreadable[uid] = Verdict(reason="InvalidSpec", message=str(e),
+                                          problem_field="spec", policy_invalid=True)  # fmt: skip
+                continue
+            if not _deleting(body):
+                active.append(deployment)
 
         verdicts = await self._plan(snap, live, active)
+        verdicts.update(unreadable)
         entries = await self._entries(live, active, verdicts)
         await self._push_all(snap, live, entries, now)
         await self._release_all(snap, live, reports)
         routed = await self._route_all(snap, live, verdicts)
         await self._write_statuses(
             snap=snap,
-            deployments=deployments,
             verdicts=verdicts,
             live=live,
             reports=reports,
@@ -500,30 +503,23 @@ class Reconciler:
         self,
         *,
         snap: Snapshot,
-        deployments: Mapping[str, ModelDeployment],
         verdicts: Mapping[str, Verdict],
         live: set[str],
         reports: Mapping[str, Mapping[str, HostedModel]],
         routed: Mapping[str, tuple[bool, str | None]],
     ) -> None:
         stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for uid, deployment in deployments.items():
-            body = snap.deployments[uid]
+        for uid, body in snap.deployments.items():
             deleting = _deleting(body)
             if deleting and uid in self._released:
                 continue  # the finalizer is about to go: nothing more to say
+            metadata = body["metadata"]
+            namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
             verdict = verdicts.get(uid, Verdict(reason="Deleting", message="being deleted"))
-            observed = self._observed(
-                uid=uid,
-                deployment=deployment,
-                verdict=verdict,
-                live=live,
-                reports=reports,
-                routed=routed,
-            )
+            observed = self._observed(uid, namespace, name, verdict, live, reports, routed)
             previous = self._statuses.get(uid) or body.get("status")
             status = build_status(
-                generation=int(deployment.metadata.get("generation") or 1),
+                generation=int(metadata.get("generation") or 1),
                 deleting=deleting,
                 verdict=verdict,
                 observed=observed,
@@ -535,30 +531,29 @@ class Reconciler:
             patch = {key: None for key in (previous or {}) if key not in status} | status
             try:
                 await self.io.call(
-                    kube.patch_model_deployment_status,
-                    deployment.namespace,
-                    deployment.name,
-                    {"status": patch},
+                    kube.patch_model_deployment_status, namespace, name, {"status": patch}
                 )
             except kube.NotFound:
                 continue
             except kube.KubeError as e:
                 self.metrics.status_writes.labels("failed").inc()
-                log.warning("status of %s/%s: %s", deployment.namespace, deployment.name, e)
+                log.warning("status of %s/%s: %s", namespace, name, e)
                 continue
             self.metrics.status_writes.labels("ok").inc()
             self._statuses[uid] = status
             for note in events_between(previous, status):
                 await self.events.post(body, note.type, note.reason, note.message)
-        for uid in set(self._statuses) - set(deployments):
+        for uid in set(self._statuses) - set(snap.deployments):
             del self._statuses[uid]
-        self._refused = {key: why for key, why in self._refused.items() if key[0] in deployments}
+        self._refused = {
+            key: why for key, why in self._refused.items() if key[0] in snap.deployments
+        }
 
-    def _observed(
+    def _observed(  # noqa: PLR0917 - one call site, every argument named there
         self,
-        *,
         uid: str,
-        deployment: ModelDeployment,
+        namespace: str,
+        name: str,
         verdict: Verdict,
         live: set[str],
         reports: Mapping[str, Mapping[str, HostedModel]],
@@ -570,7 +565,7 @@ class Reconciler:
         sent = self._sent.get(node)
         is_routed, route_error = routed.get(uid, (False, None))
         try:
-            endpoint = routing.endpoint_name(deployment.namespace, deployment.name)
+            endpoint = routing.endpoint_name(namespace, name)
         except routing.RouteError:
             endpoint = None
         return Observed(

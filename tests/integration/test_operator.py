@@ -73,6 +73,20 @@ async def classify_through_service(objects: Objects, name: str, namespace: str =
     assert np.allclose(np.array(output["data"]).reshape(expected.shape), expected, atol=1e-4)
 
 
+async def complete_through_service(objects: Objects, name: str, model: str) -> None:
+    """An OpenAI completion from a tinylm model, through its Service, as the reference says."""
+    endpoint_slice = objects.endpoint_slice(name)
+    address, port = endpoint_slice.endpoints[0].addresses[0], endpoint_slice.ports[0].port
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        response = await http.post(
+            f"http://{address}:{port}/v1/completions",
+            json={"model": model, "prompt": "hello", "max_tokens": 5},
+            headers={"Host": f"{name}.default.svc"},
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == reference.tinylm_complete("hello", 5)
+
+
 @pytest.mark.timeout(300)
 async def test_apply_edit_delete_and_node_loss(tmp_path: Path) -> None:
     with emulator() as api:
@@ -96,6 +110,8 @@ async def test_apply_edit_delete_and_node_loss(tmp_path: Path) -> None:
                     assert conditions == {"PolicyValid": "True", "Placed": "True",
                                           "Loaded": "True", "Ready": "True"}  # fmt: skip
                 await classify_through_service(objects, "classify")
+                await complete_through_service(objects, "summarize", "summarize")
+                await complete_through_service(objects, "chat-pinned", "chat")
 
                 # kubectl get md: model, node, phase, ready, resident, last request.
                 table = kubectl.run("get", "md", check=True).stdout

@@ -188,7 +188,7 @@ async def test_a_burst_of_models_costs_a_few_plans_and_each_node_gets_its_full_s
 
 
 @pytest.mark.timeout(60)
-async def test_an_entry_the_agent_refuses_is_left_out_and_reported_on_its_object() -> None:
+async def test_refused_and_unreadable_models_are_reported_on_their_objects_only() -> None:
     kube, agents, cache = FakeKube(), FakeAgents(refuse="m1"), Cache()
     kube.swapnodes, kube.leases = kube.swapnodes[:1], kube.leases[:1]
     reconciler = reconciler_over(kube, agents, cache)
@@ -196,6 +196,9 @@ async def test_an_entry_the_agent_refuses_is_left_out_and_reported_on_its_object
     try:
         for index in range(3):
             cache.put_deployment(deployment(index))
+        unreadable = deployment(3)
+        unreadable["spec"]["model"]["weightsBytes"] = "lots"  # stored under another schema
+        cache.put_deployment(unreadable)
 
         def loaded_reason(name: str) -> str | None:
             for condition in (kube.statuses.get(name) or {}).get("conditions") or ():
@@ -208,6 +211,8 @@ async def test_an_entry_the_agent_refuses_is_left_out_and_reported_on_its_object
         assert condition["message"].startswith("spec.model.weightsBytes")
         pushed = {e.name for e in agents.agents["node-00"].sets[-1].entries}
         assert pushed == {"m0", "m2"}  # the others are still sent
+        placed = next(c for c in kube.statuses["m3"]["conditions"] if c["type"] == "Placed")
+        assert placed["reason"] == "InvalidSpec" and "weightsBytes" in placed["message"]
     finally:
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
