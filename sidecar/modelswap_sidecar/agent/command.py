@@ -3,9 +3,14 @@
     modelswap sidecar --config /etc/modelswap/agent.yaml [--node-name N]
         [--control-port P] [--metrics-port P] [--triton-url HOST:PORT]
         [--triton-pid-file F] [--state-dir D] [--log-level LEVEL]
+        [--advertise-host HOST] [--holder-identity NAME]
 
 The flags override the file's keys (see `settings.py`). The node supervisor runs this as
-its agent child; local mode and tests run it directly.
+its agent child; local mode and tests run it directly. In a cluster the per-pod values
+(node name, pod IP, pod name) come as flags, because one settings file (a ConfigMap) serves
+every node: the chart writes `--node-name $(NODE_NAME) --advertise-host $(POD_IP)
+--holder-identity $(POD_NAME)` into the container's arguments, and the kubelet expands
+them from the downward API — the agent itself reads no environment.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _OVERRIDES = {
     "triton_pid_file": "triton.pidFile",
     "state_dir": "stateDir",
     "log_level": "logLevel",
+    "advertise_host": "kube.advertiseHost",
+    "holder_identity": "kube.holderIdentity",
 }
 
 
@@ -49,6 +56,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--triton-pid-file", help="file holding the current Triton's pid")
     parser.add_argument("--state-dir")
     parser.add_argument("--log-level")
+    parser.add_argument(
+        "--advertise-host", help="kube.advertiseHost: the address in the SwapNode (the pod IP)"
+    )
+    parser.add_argument(
+        "--holder-identity", help="kube.holderIdentity: the node Lease's holder (the pod name)"
+    )
     parser.set_defaults(handler=run)
 
 

@@ -5,7 +5,8 @@
 - ``cuda-vmm``: a `CudaVmmAllocator` over the GPUs the driver shows (or the `gpus`
   entries' UUIDs); the inventory comes from the allocator — UUIDs, ordinals (under
   `CUDA_DEVICE_ORDER=PCI_BUS_ID`), product names — and HBM totals from NVML through
-  `memory_info` (the engine's budget reads them). `gpus[].reserveBytes` applies by UUID.
+  `memory_info` (the engine's budget reads them). `gpus[].reserveBytes` applies by UUID,
+  `gpuReserveBytes` to every other GPU.
 - ``auto``: `choose_allocator_backend("auto")` decides (cuda-vmm when a driver and a GPU
   with VMM + POSIX-fd handles are present, else sim), logging one line that says why.
 
@@ -140,7 +141,7 @@ def _cuda_vmm(
                 uuid=g.uuid,
                 ordinal=g.ordinal,
                 product=g.name,
-                reserve_bytes=reserves.get(g.uuid.lower(), 0),
+                reserve_bytes=reserves.get(g.uuid.lower(), settings.gpu_reserve_bytes),
             )
             for g in sorted(allocator.gpus, key=lambda g: g.ordinal)
         )

@@ -10,6 +10,8 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
                                     # reserves (none: every capable GPU, HBM totals from NVML)
       - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0,
          linkGBps: null}            # sim link speed reported; null: measured at start
+    gpuReserveBytes: 0              # HBM kept back on every GPU without its own
+                                    # gpus[].reserveBytes (a chart cannot know GPU UUIDs)
     poolChunkBytes: 32Mi            # sim
     cuda: {chunkBytes: 256Mi, maxChunkBytes: 1Gi,          # cuda-vmm only
            linkProbe: true, linkProbeBytes: 256Mi, linkProbeTimeoutSeconds: 60}
@@ -136,6 +138,9 @@ class AgentSettings:
     local_mode: bool = False
     allocator: str = "sim"
     gpus: tuple[SimGpu, ...]
+    #: HBM kept back on a GPU that has no `gpus` entry of its own (cuda-vmm managing every
+    #: GPU it finds); entries without `reserveBytes` take it too.
+    gpu_reserve_bytes: int = 0
     pool_chunk_bytes: int = 32 << 20
     cuda: CudaSettings = CudaSettings()
     overhead_bytes_per_process: int = 0
@@ -223,7 +228,8 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     allocator = str(_get(doc, "allocator", "sim"))
     if allocator not in ALLOCATORS:
         raise SettingsError(f"allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
-    gpus = _gpus(doc.get("gpus"), allocator)
+    gpu_reserve_bytes = _bytes(doc, "gpuReserveBytes", 0, "")
+    gpus = _gpus(doc.get("gpus"), allocator, gpu_reserve_bytes)
     store = _get(doc, "hostStore", {})
     cache = _get(doc, "sourceCache", {})
     control = _get(doc, "control", {})
@@ -246,6 +252,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         local_mode=local_mode,
         allocator=allocator,
         gpus=gpus,
+        gpu_reserve_bytes=gpu_reserve_bytes,
         pool_chunk_bytes=_bytes(doc, "poolChunkBytes", 32 << 20, ""),
         cuda=_cuda(doc.get("cuda")),
         overhead_bytes_per_process=_bytes(doc, "overheadBytesPerProcess", 0, ""),
@@ -307,7 +314,7 @@ def _control_tls(control: Mapping[str, Any]) -> tuple[str, Path | None, Path | N
     return mode, cert, key
 
 
-def _gpus(raw: Any, allocator: str) -> tuple[SimGpu, ...]:
+def _gpus(raw: Any, allocator: str, default_reserve_bytes: int = 0) -> tuple[SimGpu, ...]:
     """The `gpus` list. sim: at least one, each with `capacityBytes`. cuda-vmm: optional
     (which GPUs to manage, by UUID, and their reserves); `capacityBytes`/`linkGBps` are sim
     figures and refused there. auto: either; `capacityBytes` is checked when auto falls back
@@ -340,7 +347,11 @@ def _gpus(raw: Any, allocator: str) -> tuple[SimGpu, ...]:
                     if allocator == "sim" or (allocator == "auto" and "capacityBytes" in g)
                     else None
                 ),
-                reserve_bytes=_bytes(g, "reserveBytes", 0, where),
+                reserve_bytes=(
+                    _bytes(g, "reserveBytes", 0, where)
+                    if g.get("reserveBytes") is not None
+                    else default_reserve_bytes
+                ),
                 link_gbps=_positive(g, "linkGBps", where),
             )
         )
@@ -449,6 +460,9 @@ def load_settings(path: Path | None, overrides: Mapping[str, Any]) -> AgentSetti
     for dotted, value in overrides.items():
         if value is None:
             continue
+        if dotted.startswith("kube.") and doc.get("kube") is None:
+            # A flag must not conjure a cluster section (and a heartbeat) out of nothing.
+            raise SettingsError(f"{dotted}: given, but the settings have no kube section")
         target = doc
         *parents, last = dotted.split(".")
         for key in parents:
