@@ -106,8 +106,11 @@ async def test_same_name_in_two_namespaces_side_by_side(tmp_path: Path) -> None:
 
 class _Files(http.server.BaseHTTPRequestHandler):
     files: ClassVar[dict[str, bytes]] = {}
+    #: The Authorization header of every request, in order.
+    authorizations: ClassVar[list[str | None]] = []
 
     def do_GET(self) -> None:
+        self.authorizations.append(self.headers.get("Authorization"))
         body = self.files.get(self.path)
         if body is None:
             self.send_error(404)
@@ -230,3 +233,40 @@ async def test_a_uid_the_node_cannot_hold_is_refused_and_disturbs_nothing(tmp_pa
         answer = await models.mlp(good, x)
         assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
         assert "Traceback" not in agent.log_path.read_text()
+
+
+async def test_a_credential_is_trimmed_and_no_secret_is_ever_shown(
+    tmp_path: Path, file_server: str
+) -> None:
+    """Issue 12, finding 4: a token read from a file ending in a newline was echoed into the
+    model's status message and the log (`Illegal header value b'Bearer …\\n'`)."""
+    _Files.files = {"/mlp.tar.gz": _mlp_archive()}
+    _Files.authorizations = []
+    async with node(tmp_path) as n:
+        _triton, agent, control, models = n.parts()
+        good, bad = new_uid(), new_uid()
+        source = {"uri": f"{file_server}/mlp.tar.gz"}
+        entries = [
+            {**entry(good, source=source), "credentials": {"bearerToken": "s3cret-token\n"}},
+            {**entry(bad, name="bad", source=source),
+             "credentials": {"bearerToken": "a\nb-s3cret"}},
+        ]  # fmt: skip
+        await control.desired(entries)
+        await control.wait_state(good, "Resident")
+        assert _Files.authorizations == ["Bearer s3cret-token"]  # trimmed, sent once
+
+        async def failed() -> dict[str, str] | None:
+            info = await control.model(bad)
+            return info if info.get("phase") == "Failed" else None
+
+        info = await eventually(failed, what="the bad credential to fail")
+        assert info["reason"] == "BadSource"
+        assert info["message"].startswith("spec.model.source.credentialsSecretRef: ")
+        x = reference.mlp_input(2)
+        answer = await models.mlp(good, x)
+        assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
+
+        listed = (await control.client.get("/v1/models")).text
+        log = agent.log_path.read_text()
+        for shown in (listed, log):
+            assert "s3cret" not in shown and "a\\nb" not in shown and "a\nb" not in shown

@@ -20,6 +20,7 @@ from modelswap_sidecar.agent.settings import load_settings, settings_from_docume
 from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.policy.inputs import PolicySettings, Residency
+from modelswap_sidecar.sources.errors import CredentialsInvalid
 
 MIB = 1 << 20
 
@@ -110,6 +111,27 @@ def test_credentials_become_one_authorization_header() -> None:
     assert authorization_of(SourceCredentials(bearer_token="t")) == "Bearer t"
     assert authorization_of(SourceCredentials(username="u", password="p")) == "Basic dTpw"
     assert authorization_of(SourceCredentials(headers={"Authorization": "X y"})) == "X y"
+
+
+def test_credentials_from_files_are_trimmed_and_line_breaks_refused_unseen() -> None:
+    """Issue 12, finding 4: a Secret made from a file ends in a newline."""
+    assert authorization_of(SourceCredentials(bearer_token="secret\n")) == "Bearer secret"
+    assert authorization_of(SourceCredentials(bearer_token=" secret\r\n")) == "Bearer secret"
+    basic = SourceCredentials(username="u\n", password="p\n")
+    assert authorization_of(basic) == "Basic dTpw"
+    assert authorization_of(SourceCredentials(headers={"authorization": "X y\n"})) == "X y"
+    for bad in (
+        SourceCredentials(bearer_token="a\nb-secret"),
+        SourceCredentials(bearer_token="a\0b-secret"),
+        SourceCredentials(username="u", password="a\rb-secret"),
+        SourceCredentials(headers={"Authorization": "Bearer a\nb-secret"}),
+    ):
+        with pytest.raises(CredentialsInvalid) as refused:
+            authorization_of(bad)
+        message = str(refused.value)
+        assert message.startswith("spec.model.source.credentialsSecretRef: ")
+        assert "secret" not in message.removeprefix("spec.model.source.credentialsSecretRef")
+        assert "a\nb" not in message and "a\rb" not in message
 
 
 def _doc(**more: Any) -> dict[str, Any]:

@@ -364,3 +364,19 @@ async def test_mounted_paths(tmp_path: Path) -> None:
 def test_every_source_error_names_the_field() -> None:
     for error in SourceError.__subclasses__():
         assert str(error("x")).startswith("spec.model.source")
+
+
+@pytest.mark.asyncio
+async def test_a_header_value_httpx_refuses_is_never_echoed(
+    server: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, finding 4: h11's `Illegal header value b'Bearer …'` reached status and log
+    (httpcore also logs it at debug): such a value is refused before httpx sees it."""
+    caplog.set_level(logging.DEBUG)
+    cache = new_cache(tmp_path / "cache")
+    for value in ("Bearer leaked-token\n", "Bearer leaked-token\x7f", "Bearer leaked-tökén"):
+        with pytest.raises(SourceError, match=r"credentialsSecretRef: .*fix the Secret") as caught:
+            await cache.fetch(server.url("/private/echo.tar.gz"), authorization=value)
+        assert "leaked" not in str(caught.value)
+    assert "leaked" not in caplog.text and server.authorizations == []
+    await cache.close()

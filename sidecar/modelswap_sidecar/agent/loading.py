@@ -32,7 +32,7 @@ from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.policy.kv import kv_pool_settings
 from modelswap_sidecar.sources.errors import FIELD as SOURCE_FIELD
-from modelswap_sidecar.sources.errors import SourceError
+from modelswap_sidecar.sources.errors import CredentialsInvalid, SourceError
 from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.config import ModelswapParameters, read_model_config
 from modelswap_sidecar.triton.driver import TritonDriver
@@ -54,18 +54,39 @@ def map_source(source: Source, model_roots: Mapping[str, Path]) -> Source:
     return source
 
 
+#: Characters a credential may not hold once trimmed: they would split or end the header.
+_HEADER_BREAKERS = frozenset("\r\n\0")
+
+
+def _credential(value: str, what: str) -> str:
+    """`value` without surrounding whitespace (a Secret made from a file often ends in a
+    newline); CredentialsInvalid naming `what` — never the value — when CR, LF or NUL
+    remain inside it."""
+    trimmed = value.strip()
+    if any(c in _HEADER_BREAKERS for c in trimmed):
+        raise CredentialsInvalid(
+            f"the {what} holds a line break or NUL inside it and cannot be sent as a header; "
+            "fix the Secret"
+        )
+    return trimmed
+
+
 def authorization_of(credentials: SourceCredentials | None) -> str | None:
-    """The Authorization header value for the operator-resolved credentials (never logged)."""
+    """The Authorization header value for the operator-resolved credentials (never logged);
+    surrounding whitespace is dropped, CredentialsInvalid for a value a header cannot
+    carry."""
     if credentials is None:
         return None
-    if credentials.bearer_token:
-        return f"Bearer {credentials.bearer_token}"
+    if credentials.bearer_token and credentials.bearer_token.strip():
+        return f"Bearer {_credential(credentials.bearer_token, 'bearer token')}"
     if credentials.username is not None and credentials.password is not None:
-        pair = f"{credentials.username}:{credentials.password}".encode()
+        username = _credential(credentials.username, "username")
+        password = _credential(credentials.password, "password")
+        pair = f"{username}:{password}".encode()
         return "Basic " + base64.b64encode(pair).decode()
     for key, value in (credentials.headers or {}).items():
-        if key.lower() == "authorization":
-            return value
+        if key.strip().lower() == "authorization":
+            return _credential(value, "authorization header")
     return None
 
 

@@ -7,7 +7,8 @@ ModelDeployment's conditions can show it as is.
     ├── SourceUnreachable       connection refused, timeout, TLS failure, 5xx, 401/403
     ├── SourceTooLarge          over the download limit, or does not fit the cache
     ├── SourceDigestMismatch    the fetched file's sha256 is not the expected one
-    └── SourceInvalid           not a model directory, not a .tar.gz, unsafe archive members
+    ├── SourceInvalid           not a model directory, not a .tar.gz, unsafe archive members
+    └── CredentialsInvalid      a credential holds CR, LF or NUL (the message never shows it)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from modelswap_api.wire import ErrorCode
 
 FIELD = "spec.model.source"
+CREDENTIALS_FIELD = "spec.model.source.credentialsSecretRef"
 SHA256_FIELD = "spec.model.source.sha256"
 
 
@@ -45,3 +47,10 @@ class SourceDigestMismatch(SourceError):  # noqa: N818
 
 class SourceInvalid(SourceError):  # noqa: N818
     pass
+
+
+class CredentialsInvalid(SourceError):  # noqa: N818
+    """A resolved credential cannot be sent as a header; names which one, never its value."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field=CREDENTIALS_FIELD)

@@ -3,13 +3,15 @@
 Credentials are the caller's: an `Authorization` header value resolved by the operator
 from the ModelDeployment's Secret (or, in local mode, from a file) and handed in with the
 desired set. This module never looks them up, never logs them, and leaves them out of
-every error message. httpx drops the header on a redirect to another origin.
+every error message. httpx drops the header on a redirect to another origin. No error
+message carries an exception's text that could quote the header.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from modelswap_sidecar.sources.errors import (
+    CredentialsInvalid,
     SourceDigestMismatch,
     SourceNotFound,
     SourceTooLarge,
@@ -26,6 +29,8 @@ from modelswap_sidecar.sources.errors import (
 log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 1 << 20
+#: A header value h11 sends: visible ASCII, inner spaces and tabs.
+_HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,12 @@ async def fetch_to_file(
     # Userinfo travels as basic auth, so the URL that httpx logs carries no password; an
     # explicit `authorization` wins over it.
     shown, basic_auth = _split_userinfo(uri)
+    if authorization is not None and _HEADER_VALUE.fullmatch(authorization) is None:
+        # refused here, before httpx: its transport logs a refused header verbatim at debug
+        raise CredentialsInvalid(
+            "the Authorization value holds characters a header cannot carry (control "
+            "characters or non-ASCII); fix the Secret"
+        )
     headers = {"Authorization": authorization} if authorization else {}
     auth = basic_auth if basic_auth is not None and not authorization else None
     digest = hashlib.sha256()
@@ -96,10 +107,13 @@ async def fetch_to_file(
                     out.write(chunk)
     except httpx.TimeoutException as e:
         raise SourceUnreachable(f"{shown}: timed out ({type(e).__name__})") from e
-    except httpx.TransportError as e:
+    except httpx.NetworkError as e:  # the socket's or TLS's own words: no request in them
         raise SourceUnreachable(f"{shown}: unreachable: {e or type(e).__name__}") from e
-    except httpx.HTTPError as e:
-        raise SourceUnreachable(f"{shown}: {e or type(e).__name__}") from e
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as e:
+        # Any other error's text can quote the request's headers (h11: `Illegal header
+        # value b'Bearer …'`; a non-ASCII value's UnicodeEncodeError), so only its type is
+        # shown, and it is not chained (a logged traceback would print it).
+        raise SourceUnreachable(f"{shown}: unreachable ({type(e).__name__})") from None
     actual = digest.hexdigest()
     if expected_sha256 is not None and actual != expected_sha256.lower():
         raise SourceDigestMismatch(
