@@ -58,3 +58,7 @@ bench-swap: setup ## swap-in/out vs the copy ceiling (sim), then a run paced to 
 bench-planner: setup ## the operator's planner: 2,000 models over 100 nodes, cold/warm/node loss; writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.planner
 	$(BIN)/python -m bench.render
+
+.PHONY: sync-crds
+sync-crds: setup ## copy crds/ into the Helm chart as templates (charts/modelswap/templates/crd-*.yaml)
+	$(BIN)/python tools/sync_crds.py

@@ -51,9 +51,13 @@ RUN site="$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
  && echo /opt/modelswap/stub-lib > "$site/modelswap-client.pth"
 # The children's users (the supervisor switches to them; see docs/operations.md). The
 # runtime joins the agent's socket group so Triton's stubs can reach the agent's socket.
+# Fixed gids: the chart's pod sets fsGroup to the agent's group (10001) so that only the
+# agent can read the mounted control token.
 RUN groupadd --system --gid 10010 modelswap-socket \
- && useradd --system --uid 10001 --user-group --groups modelswap-socket --no-create-home --shell /usr/sbin/nologin modelswap-agent \
- && useradd --system --uid 10002 --user-group --groups modelswap-socket --no-create-home --shell /usr/sbin/nologin modelswap-runtime
+ && groupadd --system --gid 10001 modelswap-agent \
+ && groupadd --system --gid 10002 modelswap-runtime \
+ && useradd --system --uid 10001 --gid modelswap-agent --groups modelswap-socket --no-create-home --shell /usr/sbin/nologin modelswap-agent \
+ && useradd --system --uid 10002 --gid modelswap-runtime --groups modelswap-socket --no-create-home --shell /usr/sbin/nologin modelswap-runtime
 ENV PATH="/opt/modelswap/venv/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
