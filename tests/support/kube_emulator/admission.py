@@ -52,7 +52,27 @@ def parse_field_validation(value: str | None) -> FieldValidation:
     return value  # type: ignore[return-value]
 
 
+def _path_segment_problem(name: str) -> str | None:
+    """RBAC objects' names need only be path segments (`system:discovery` is valid)."""
+    if name in (".", ".."):
+        return f"may not be '{name}'"
+    for bad in ("/", "%"):
+        if bad in name:
+            return f"may not contain '{bad}'"
+    return None
+
+
 def check_name(rt: ResourceType, name: str) -> None:
+    if rt.group == "rbac.authorization.k8s.io":
+        problem = _path_segment_problem(name) if name else "name or generateName is required"
+        if problem:
+            raise invalid(
+                rt.group,
+                rt.kind,
+                name,
+                [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {problem}')],
+            )
+        return
     pattern, message, limit = (
         (_LABEL, _LABEL_MSG, 63) if rt.plural == "namespaces" else (_SUBDOMAIN, _SUBDOMAIN_MSG, 253)
     )

@@ -7,6 +7,7 @@ Both write a kubeconfig (removed on exit) and are ready when the context manager
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.server import KubeEmulator, kubeconfig
 
 T = TypeVar("T")
@@ -59,7 +61,8 @@ class _HoldsKubeconfig:
 class EmulatorThread(_HoldsKubeconfig):
     """`with EmulatorThread(manifests=[crd_path]) as api:` → `api.url`, `api.kubeconfig_path`,
     `api.emulator` (touch its state only through `api.call`). Keyword arguments other than
-    `manifests` go to `KubeEmulator`."""
+    `manifests` go to `KubeEmulator` (`tls=True`: HTTPS, authentication, RBAC, admission
+    policies; then `token_for`, `write_kubeconfig_for`, `request_log`)."""
 
     def __init__(self, *, manifests: Sequence[Path] = (), **kwargs: Any) -> None:
         self._manifests = list(manifests)
@@ -124,10 +127,44 @@ class EmulatorThread(_HoldsKubeconfig):
         assert self.emulator is not None
         return self.emulator.token
 
+    @property
+    def ca_pem(self) -> bytes | None:
+        assert self.emulator is not None
+        return self.emulator.ca_pem
+
+    def token_for(self, namespace: str, service_account: str, node_name: str | None = None) -> str:
+        """See `KubeEmulator.token_for` (the ServiceAccount must exist)."""
+        emulator = self.emulator
+        assert emulator is not None
+        return self.call(lambda: emulator.token_for(namespace, service_account, node_name))
+
+    def write_kubeconfig_for(
+        self, namespace: str, service_account: str, node_name: str | None = None
+    ) -> Path:
+        """A kubeconfig (beside the admin one, removed on exit) authenticating as that
+        ServiceAccount, named `kubeconfig-<ns>-<sa>[-<node>]`."""
+        assert self._files is not None and self.emulator is not None
+        token = self.token_for(namespace, service_account, node_name)
+        suffix = f"-{node_name}" if node_name else ""
+        path = self._files.dir / f"kubeconfig-{namespace}-{service_account}{suffix}"
+        return self.emulator.write_kubeconfig(path, namespace, token)
+
+    def request_log(self) -> list[RequestRecord]:
+        emulator = self.emulator
+        assert emulator is not None
+        return self.call(emulator.request_log)
+
+    def clear_request_log(self) -> None:
+        emulator = self.emulator
+        assert emulator is not None
+        self.call(emulator.clear_request_log)
+
 
 class EmulatorProcess(_HoldsKubeconfig):
     """`with EmulatorProcess(manifests=[crd_path]) as api:` → a subprocess emulator, in its
-    own process group, killed (group) on exit; `api.kubeconfig_path` for other processes."""
+    own process group, killed (group) on exit; `api.kubeconfig_path` for other processes.
+    `tls=True` as for `KubeEmulator`; tokens for ServiceAccounts then come from
+    `POST /emulator/tokens` (see `KubeEmulator._mint_over_http`)."""
 
     def __init__(
         self,
@@ -135,10 +172,13 @@ class EmulatorProcess(_HoldsKubeconfig):
         manifests: Sequence[Path] = (),
         start_timeout_s: float = 10.0,
         extra_args: list[str] | None = None,
+        tls: bool = False,
     ) -> None:
         self._start_timeout_s = start_timeout_s
         self._extra_args = [arg for m in manifests for arg in ("--manifest", str(m))]
+        self._extra_args += ["--tls"] if tls else []
         self._extra_args += extra_args or []
+        self.ca_pem: bytes | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._files: _Kubeconfig | None = None
         self.url = ""
@@ -164,7 +204,11 @@ class EmulatorProcess(_HoldsKubeconfig):
             raise
         self.started_in_s = time.monotonic() - began
         self.url, self.token = ready["url"], ready["token"]
-        self._files.path.write_text(json.dumps(kubeconfig(self.url, self.token)))
+        if ready.get("ca"):
+            self.ca_pem = base64.b64decode(ready["ca"])
+        self._files.path.write_text(
+            json.dumps(kubeconfig(self.url, self.token, ca_pem=self.ca_pem))
+        )
         return self
 
     def _read_ready_line(self) -> dict[str, Any]:

@@ -46,6 +46,23 @@ _CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 _NS_KEY = ("", "namespaces")
 
 
+@dataclass(frozen=True)
+class WriteAttempt:
+    """A create or update about to be stored, as validating admission sees it."""
+
+    rt: ResourceType
+    operation: str  # CREATE | UPDATE
+    subresource: str | None
+    object: dict[str, Any]
+    old_object: dict[str, Any] | None
+    dry_run: bool
+
+
+# Validating admission after the server's own checks, before storage (also for dry-run and
+# no-op writes, as the apiserver admits them): warnings, or ApiError to refuse the write.
+ValidatingAdmission = Callable[[WriteAttempt], list[str]]
+
+
 @dataclass
 class Written:
     """What a write answers: the object, HTTP status and warnings for `Warning` headers."""
@@ -60,6 +77,7 @@ class Cluster:
         self.store = Store(history_size)
         self.types = TypeRegistry()
         self.applied = applying.AppliedConfigs()
+        self.validating_admission: ValidatingAdmission | None = None
         ns_type = self.types.get("", "v1", "namespaces")
         assert ns_type is not None
         for name in INITIAL_NAMESPACES:
@@ -129,6 +147,9 @@ class Cluster:
         defaults.on_create(rt, obj)
         admitted = admit(rt, obj, field_validation=field_validation, old=None, is_patch=False)
         obj = admitted.object
+        if self.validating_admission is not None:
+            attempt = WriteAttempt(rt, "CREATE", None, obj, None, dry_run)
+            admitted.warnings += self.validating_admission(attempt)
         new_types = crds.types_for(obj) if rt.key == _CRD_KEY else []
         if dry_run:
             return Written(obj, 201, admitted.warnings)
@@ -357,6 +378,9 @@ class Cluster:
         defaults.on_update(rt, old, new)
         admitted = admit(rt, new, field_validation=field_validation, old=old, is_patch=is_patch)
         new = admitted.object
+        if self.validating_admission is not None:
+            attempt = WriteAttempt(rt, "UPDATE", subresource, new, old, dry_run)
+            admitted.warnings += self.validating_admission(attempt)
         if rt.has_generation and self._spec_part(rt, new) != self._spec_part(rt, old):
             new["metadata"]["generation"] = old["metadata"].get("generation", 0) + 1
         new_types = crds.types_for(new) if rt.key == _CRD_KEY else []

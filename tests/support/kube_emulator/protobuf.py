@@ -1,6 +1,7 @@
 """Decoding of the Kubernetes protobuf envelope for the few built-in types kubectl's typed
 `create` commands and helm's release storage send as protobuf (`kubectl create
-namespace|configmap|secret|serviceaccount`, Secrets and DeleteOptions). Answers stay JSON (client-go reads the response's content type).
+namespace|configmap|secret|serviceaccount|token`, `kubectl auth can-i|whoami`, Secrets and
+DeleteOptions). Answers stay JSON (client-go reads the response's content type).
 
 Wire format: `k8s\\x00` + runtime.Unknown{1: TypeMeta{1: apiVersion, 2: kind}, 2: raw};
 `raw` is the object's message (field numbers from k8s.io/api generated.proto).
@@ -44,7 +45,36 @@ _DELETE_OPTIONS: Schema = {
     3: ("orphanDependents", "bool", False), 4: ("propagationPolicy", "string", False),
     5: ("dryRun", "string", True),
 }  # fmt: skip
+_RESOURCE_ATTRIBUTES: Schema = {
+    1: ("namespace", "string", False), 2: ("verb", "string", False),
+    3: ("group", "string", False), 4: ("version", "string", False),
+    5: ("resource", "string", False), 6: ("subresource", "string", False),
+    7: ("name", "string", False),
+}  # fmt: skip
+_NON_RESOURCE_ATTRIBUTES: Schema = {1: ("path", "string", False), 2: ("verb", "string", False)}
+_ACCESS_REVIEW_SPEC: Schema = {
+    1: ("resourceAttributes", _RESOURCE_ATTRIBUTES, False),
+    2: ("nonResourceAttributes", _NON_RESOURCE_ATTRIBUTES, False),
+    3: ("user", "string", False), 4: ("groups", "string", True), 6: ("uid", "string", False),
+}  # fmt: skip
+_TOKEN_REQUEST_SPEC: Schema = {
+    1: ("audiences", "string", True), 4: ("expirationSeconds", "int", False),
+    3: ("boundObjectRef", {
+        1: ("kind", "string", False), 2: ("apiVersion", "string", False),
+        3: ("name", "string", False), 4: ("uid", "string", False),
+    }, False),
+}  # fmt: skip
 SCHEMAS: dict[tuple[str, str], Schema] = {
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): {
+        1: ("metadata", _OBJECT_META, False), 2: ("spec", _ACCESS_REVIEW_SPEC, False),
+    },
+    ("authorization.k8s.io/v1", "SubjectAccessReview"): {
+        1: ("metadata", _OBJECT_META, False), 2: ("spec", _ACCESS_REVIEW_SPEC, False),
+    },
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): {1: ("metadata", _OBJECT_META, False)},
+    ("authentication.k8s.io/v1", "TokenRequest"): {
+        1: ("metadata", _OBJECT_META, False), 2: ("spec", _TOKEN_REQUEST_SPEC, False),
+    },
     ("v1", "DeleteOptions"): _DELETE_OPTIONS,
     ("meta.k8s.io/v1", "DeleteOptions"): _DELETE_OPTIONS,
     ("v1", "Namespace"): {

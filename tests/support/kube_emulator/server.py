@@ -40,15 +40,23 @@ aiohttp, no kmock import), with everything below made real:
 - watch: initial ADDED, resume from resourceVersion, ADDED/MODIFIED/DELETED/BOOKMARK,
   selector transitions, `sendInitialEvents`, `timeoutSeconds`, and a too-old
   resourceVersion answered as an ERROR event (Status 410) inside the 200 stream;
-- a generated kubeconfig (a token is written but not checked: client-go sends no bearer
-  token over plain HTTP, and the emulator serves plain HTTP on loopback only).
+- a generated kubeconfig (by default a token is written but not checked: client-go sends
+  no bearer token over plain HTTP, and the emulator serves plain HTTP on loopback only);
+- a request log (`request_log()`: user, verb, resource, namespace, name, allowed, code);
+- opt-in, `KubeEmulator(tls=True)`: HTTPS with its own CA (in the kubeconfig), bearer-token
+  authentication (the admin token in `system:masters`; ServiceAccount tokens from
+  `token_for()` or TokenRequest, bound tokens carrying the node-name extra), the RBAC
+  authorizer over the stored Roles/ClusterRoles/bindings (403 worded as the real server),
+  ValidatingAdmissionPolicies evaluated with cel-python on create/update/patch, and
+  SelfSubjectAccessReview / SubjectAccessReview / SelfSubjectReview (`kubectl auth can-i`,
+  `kubectl auth whoami`). See `security` for what is evaluated.
 
 Not emulated: schemas of built-in types (their unknown fields are kept, never refused),
 managedFields and server-side apply conflicts, protobuf responses and `/openapi/v2` in
-protobuf, admission webhooks and ValidatingAdmissionPolicy enforcement, foreground/orphan
-deletion propagation, CRD conversion between versions (objects are served under every
-version as stored), controllers (no Deployment ever becomes ready), authentication and
-authorization (no SelfSubjectAccessReview), `events.k8s.io`.
+protobuf, admission webhooks, ValidatingAdmissionPolicy on DELETE and Kubernetes' CEL
+libraries, foreground/orphan deletion propagation, CRD conversion between versions
+(objects are served under every version as stored), controllers (no Deployment ever
+becomes ready), RBAC aggregation, client certificates, `events.k8s.io`.
 
 Start it in-process (`async with KubeEmulator() as api`), in a thread of its own
 (`tests.support.kube_emulator.hosting.EmulatorThread`, for blocking clients and KopfRunner)
@@ -57,25 +65,36 @@ or as a subprocess (`hosting.EmulatorProcess`).
 
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from aiohttp import web
 
-from tests.support.kube_emulator.errors import ApiError
+from tests.support.kube_emulator import rbac
+from tests.support.kube_emulator.audit import RequestRecord
+from tests.support.kube_emulator.errors import ApiError, bad_request
 from tests.support.kube_emulator.handlers import Handlers, error_response, json_response
 from tests.support.kube_emulator.operations import Cluster
+from tests.support.kube_emulator.security import Security
+
+if TYPE_CHECKING:
+    from tests.support.kube_emulator.tls import ServingCertificate
 
 _log = logging.getLogger(__name__)
 
 
 class KubeEmulator:
-    """One emulated API server. `url`, `token` and `kubeconfig()` once started."""
+    """One emulated API server. `url`, `token` and `kubeconfig()` once started.
+
+    `tls=True` serves HTTPS with a fresh CA (`ca_pem`, in the kubeconfig) and turns on
+    authentication, RBAC and admission policies (`auth` alone turns those on over plain
+    HTTP, for clients that send tokens there; `auth=False` keeps HTTPS open to all)."""
 
     def __init__(
         self,
@@ -85,6 +104,8 @@ class KubeEmulator:
         token: str | None = None,
         history_size: int = 10_000,
         bookmark_interval_s: float = 1.0,
+        tls: bool = False,
+        auth: bool | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -92,13 +113,32 @@ class KubeEmulator:
         self.cluster = Cluster(history_size)
         self._handlers = Handlers(self.cluster, bookmark_interval_s=bookmark_interval_s)
         self._runner: web.AppRunner | None = None
+        self.certificate: ServingCertificate | None = None
+        if tls:  # imported only when used, as `cryptography` slows every emulator's start
+            from tests.support.kube_emulator.tls import make_serving_certificate
+
+            self.certificate = make_serving_certificate(_hosts(host))
+        self.security = Security(self.cluster, self.token, enabled=tls if auth is None else auth)
+        if self.security.enabled:
+            for obj in rbac.bootstrap_objects():
+                self.create_object(obj)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.certificate is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def ca_pem(self) -> bytes | None:
+        """The CA clients must trust (None over plain HTTP)."""
+        return self.certificate.ca_pem if self.certificate is not None else None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self.security.middleware, self._middleware],
+            client_max_size=64 * 1024 * 1024,
+        )
+        self.security.install(app)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         return app
 
@@ -122,6 +162,8 @@ class KubeEmulator:
         if request.path == "/emulator/compact" and request.method == "POST":
             self.cluster.store.compact()
             return json_response({"resourceVersion": str(self.cluster.store.rv)})
+        if request.path == "/emulator/tokens" and request.method == "POST":
+            return await self._mint_over_http(request)
         if request.method == "GET":
             answered = self._handlers.non_resource(request)
             if answered is not None:
@@ -136,7 +178,8 @@ class KubeEmulator:
             self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=0.1
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        ssl_context = self.certificate.server_context() if self.certificate else None
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
         await site.start()
         server = site._server
         assert server is not None
@@ -175,20 +218,74 @@ class KubeEmulator:
                 if obj:
                     self.create_object(obj)
 
-    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
-        return kubeconfig(self.url, self.token, namespace)
+    def kubeconfig(self, namespace: str = "default", token: str | None = None) -> dict[str, Any]:
+        return kubeconfig(self.url, token or self.token, namespace, self.ca_pem)
 
-    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
-        path.write_text(yaml.safe_dump(self.kubeconfig(namespace)))
+    def write_kubeconfig(
+        self, path: Path, namespace: str = "default", token: str | None = None
+    ) -> Path:
+        path.write_text(yaml.safe_dump(self.kubeconfig(namespace, token)))
         path.chmod(0o600)
         return path
 
+    # -- authentication and the request log (call on the emulator's loop) ------------------
 
-def kubeconfig(url: str, token: str, namespace: str = "default") -> dict[str, Any]:
+    def token_for(self, namespace: str, service_account: str, node_name: str | None = None) -> str:
+        """A bearer token for an existing ServiceAccount (LookupError if absent), as user
+        `system:serviceaccount:<ns>:<name>`; with `node_name`, the user info carries
+        `extra["authentication.kubernetes.io/node-name"] = [node_name]` as a token bound to
+        a pod on that node does (and the node's uid when a Node of that name exists)."""
+        node = None
+        if node_name is not None:
+            node = self.cluster.store.get(("", "nodes"), "", node_name)
+        return self.security.authenticator.mint(
+            namespace, service_account, node=node, node_name=node_name
+        )
+
+    def write_kubeconfig_for(
+        self,
+        path: Path,
+        namespace: str,
+        service_account: str,
+        node_name: str | None = None,
+    ) -> Path:
+        """A kubeconfig authenticating as that ServiceAccount (default namespace: its own)."""
+        token = self.token_for(namespace, service_account, node_name)
+        return self.write_kubeconfig(path, namespace, token)
+
+    def request_log(self) -> list[RequestRecord]:
+        return self.security.log.records()
+
+    def clear_request_log(self) -> None:
+        self.security.log.clear()
+
+    async def _mint_over_http(self, request: web.Request) -> web.Response:
+        """`POST /emulator/tokens {namespace, serviceAccount, nodeName?}` → `{token}`: what
+        `token_for` does, for an emulator in another process (masters only when auth is on)."""
+        try:
+            body = await request.json()
+            token = self.token_for(body["namespace"], body["serviceAccount"], body.get("nodeName"))
+        except (ValueError, KeyError, TypeError) as e:
+            raise bad_request(f"want {{namespace, serviceAccount, nodeName?}}: {e!r}") from e
+        except LookupError as e:
+            raise ApiError(404, str(e)) from e
+        return json_response({"token": token}, 201)
+
+
+def _hosts(host: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((host, "127.0.0.1", "localhost")))
+
+
+def kubeconfig(
+    url: str, token: str, namespace: str = "default", ca_pem: bytes | None = None
+) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"server": url}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "clusters": [{"name": "emulator", "cluster": cluster}],
         "users": [{"name": "emulator", "user": {"token": token}}],
         "contexts": [
             {
