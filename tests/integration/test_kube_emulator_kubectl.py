@@ -77,12 +77,15 @@ def test_get_md_prints_the_printer_columns(api: EmulatorThread, kubectl: Kubectl
     with api_client(api.kubeconfig_path) as kube:
         client.CustomObjectsApi(kube).patch_namespaced_custom_object_status(
             "modelswap.io", "v1alpha1", "default", "modeldeployments", "classify",
-            {"status": {"phase": "Resident", "node": "gpu-1", "residentBytes": 33554432}},
+            {"status": {"phase": "Resident", "node": "gpu-1", "residentBytes": 33554432,
+                        "conditions": [{"type": "Ready", "status": "True", "reason": "Serving",
+                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
         )  # fmt: skip
     lines = kubectl.run("get", "md", check=True).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "MODEL", "NODE", "PHASE", "RESIDENT", "LAST-REQUEST", "AGE"]
+    header = ["NAME", "MODEL", "NODE", "PHASE", "READY", "RESIDENT", "LAST-REQUEST", "AGE"]
+    assert lines[0].split() == header
     cells = lines[1].split()
-    assert cells[:5] == ["classify", "classify", "gpu-1", "Resident", "33554432"]
+    assert cells[:6] == ["classify", "classify", "gpu-1", "Resident", "True", "33554432"]
     assert re.fullmatch(r"\d+s", cells[-1])
     by_short_name = kubectl.run("get", "modeldeployments.modelswap.io", "classify", check=True)
     assert by_short_name.stdout.splitlines()[1].split()[0] == "classify"

@@ -160,11 +160,14 @@ def test_hbm_counts_weights_and_kv_cache_against_total_minus_reserved() -> None:
 
 
 def test_host_store_holds_weights_preserved_kv_and_the_host_kv_tier() -> None:
-    # 20 GiB store: 10 GiB weights + 1 GiB default KV tier each, so two models do not fit
+    # 21 GiB store: 10 GiB weights + 1 GiB default KV tier each, so two models do not fit
     nodes = [node("n1", gpu("g1", store_gib=21))]
-    result = run(nodes, [model("a"), model("b")])
+    result = run(nodes, [model("a", kv="1Mi"), model("b", kv="1Mi")])
     assert set(result.placed) == {"a"}
     assert unplaced(result, "b").reason == UnplacedReason.INSUFFICIENT_CAPACITY
+    # a model without a KV cache has no host KV tier: two fit in 20 GiB
+    no_kv = run([node("n1", gpu("g1", store_gib=20))], [model("a"), model("b")])
+    assert set(no_kv.placed) == {"a", "b"}
     # kv: preserve adds the KV cache to host bytes
     preserve = {"kv": "preserve"}
     one = [node("n1", gpu("g1", store_gib=14))]
@@ -430,7 +433,8 @@ def test_larger_than_every_host_store(
     weights: str, kv_cache: dict[str, str] | None, field: str
 ) -> None:
     nodes = [node("n1", gpu("g1", store_gib=20))]
-    result = unplaced(run(nodes, [model("m", weights, kv_cache=kv_cache)]), "m")
+    kv = "1Gi" if kv_cache else None  # the host KV tier exists only with a KV cache
+    result = unplaced(run(nodes, [model("m", weights, kv=kv, kv_cache=kv_cache)]), "m")
     assert (result.reason, result.field) == (UnplacedReason.EXCEEDS_HOST_STORE, field)
     assert "20 GiB" in result.message
 

@@ -222,7 +222,8 @@ def test_no_gpu_is_over_committed_and_no_model_breaks_its_selectors(world: Any) 
         else:
             load.largest_unpinned = max(load.largest_unpinned, weights + kv)
         load.models += 1
-        load.host += weights + (kv if p.policy.kv == "preserve" else 0) + p.policy.kv_host_bytes
+        tier = p.policy.kv_host_bytes if kv else 0  # no KV cache, no host KV tier
+        load.host += weights + (kv if p.policy.kv == "preserve" else 0) + tier
     for place, load in loads.items():
         _, gpu = gpus[place]
         budget = (gpu.hbm_total_bytes or 0) - (gpu.hbm_reserved_bytes or 0)
