@@ -380,3 +380,23 @@ async def test_a_header_value_httpx_refuses_is_never_echoed(
         assert "leaked" not in str(caught.value)
     assert "leaked" not in caplog.text and server.authorizations == []
     await cache.close()
+
+
+@pytest.mark.asyncio
+async def test_a_source_fetched_with_credentials_is_never_served_to_other_credentials(
+    server: Server, tmp_path: Path
+) -> None:
+    """Issue 12, finding 5: the cache was keyed by URL only, so a model without credentials
+    (another namespace) got the bytes another namespace's Secret had unlocked."""
+    cache = new_cache(tmp_path / "cache")
+    uri = server.url("/private/echo.tar.gz")
+    first = await cache.fetch(uri, authorization=TOKEN)
+    with pytest.raises(SourceUnreachable, match="HTTP 401"):
+        await cache.fetch(uri)  # no credentials: the origin is asked, and refuses
+    with pytest.raises(SourceUnreachable, match="HTTP 401"):
+        await cache.fetch(uri, authorization="Bearer other")
+    again = await cache.fetch(uri, authorization=TOKEN)  # the same credentials: a hit
+    assert again.key == first.key
+    assert server.authorizations == [TOKEN, None, "Bearer other"]
+    assert all("s3cret" not in path.name for path in (tmp_path / "cache").iterdir())
+    await cache.close()

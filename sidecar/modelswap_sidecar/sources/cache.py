@@ -10,7 +10,10 @@ An entry appears by one atomic rename of a finished temporary folder, so a crash
 leaves a half entry under a real key. Entries are keyed by what was asked (the URI and the
 expected sha256; for a mounted archive its path, size and mtime), so a request with a
 different `sha256` never reuses a wrong entry. Without a `sha256`, a cached URI is reused
-until it is evicted.
+until it is evicted. A fetched entry is keyed by the credentials that fetched it too (a
+digest of the Authorization value, never the value): bytes one namespace's Secret unlocked
+are never handed to a model that presents other credentials, or none — that model fetches
+for itself and the origin decides.
 
 Size: every entry's unpacked bytes count against `capacity_bytes`; making room evicts
 unused entries, least recently used first. An entry is in use from `fetch`/`unpack_file`
@@ -93,6 +96,15 @@ class _Entry:
 
 def _key(*parts: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _access_of(authorization: str | None) -> str:
+    """What proved access to a fetched source, as part of its cache key: a digest of the
+    Authorization value (empty without one). A digest, so the key and the folder name under
+    the cache root carry no usable secret."""
+    if not authorization:
+        return ""
+    return "auth:" + hashlib.sha256(authorization.strip().encode()).hexdigest()
 
 
 def _sha256_of(path: Path) -> str:
@@ -214,7 +226,7 @@ class SourceCache:
         self, uri: str, *, sha256: str | None = None, authorization: str | None = None
     ) -> CacheEntry:
         """The cache entry of an http(s) `.tar.gz`, fetched unless cached; marks it in use."""
-        key = _key("url", uri, (sha256 or "").lower())
+        key = _key("url", uri, (sha256 or "").lower(), _access_of(authorization))
         origin = display_uri(uri)
         async with self._locks.setdefault(key, asyncio.Lock()):
             if (hit := self._hit(key)) is not None:
