@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,12 +25,13 @@ from kubernetes.client.rest import ApiException
 
 from modelswap_operator.login import connection_info
 from tests.support.kube_emulator.audit import RequestRecord
-from tests.support.kube_emulator.hosting import EmulatorThread
+from tests.support.kube_emulator.hosting import EmulatorProcess, EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml, wait_for
 
 NS = "team-a"
 GROUP, VERSION = "modelswap.io", "v1alpha1"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+TINY_CHART = REPO_ROOT / "tests" / "data" / "emulator" / "tiny-chart"
 
 
 @pytest.fixture
@@ -79,11 +82,19 @@ def status_of(e: ApiException) -> dict[str, Any]:
     return body
 
 
-def https(api: EmulatorThread, path: str, token: str | None) -> tuple[int, dict[str, Any]]:
-    """A raw GET trusting only the emulator's CA."""
+def https(
+    api: EmulatorThread | EmulatorProcess,
+    path: str,
+    token: str | None,
+    body: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """A raw GET (or a JSON POST of `body`) trusting only the emulator's CA."""
     assert api.ca_pem is not None
     context = ssl.create_default_context(cadata=api.ca_pem.decode())
-    request = urllib.request.Request(api.url + path)
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        api.url + path, data=data, headers={"Content-Type": "application/json"}
+    )
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -236,6 +247,21 @@ def test_a_role_for_one_configmap_name_allows_exactly_that(api: EmulatorThread) 
     refused = kubectl.run("get", "configmap", "other", "-n", NS)
     assert refused.returncode == 1
     assert 'Error from server (Forbidden): configmaps "other" is forbidden' in refused.stderr
+    # The admin asks on the ServiceAccount's behalf (impersonation), as chart tests may.
+    admin_kubectl = Kubectl(api.kubeconfig_path, api.home)
+
+    def can_it(*args: str) -> str:
+        return admin_kubectl.run("auth", "can-i", *args, "-n", NS, f"--as={user}").stdout.strip()
+
+    assert can_it("get", "configmap/allowed") == "yes"
+    assert can_it("get", "configmap/other") == "no"
+    # ... which the ServiceAccount itself may not do.
+    impersonating = kubectl.run("get", "configmap", "allowed", "-n", NS, "--as=jane")
+    assert impersonating.returncode == 1
+    assert (
+        f'users "jane" is forbidden: User "{user}" cannot impersonate resource "users" in API '
+        'group "" at the cluster scope'
+    ) in impersonating.stderr
 
 
 def test_a_cluster_role_for_swapnode_status_patch(api: EmulatorThread) -> None:
@@ -566,3 +592,54 @@ def test_kopf_connects_over_https_with_a_bearer_token(
     assert all(r.allowed for r in kopf_requests), brief([r for r in kopf_requests if not r.allowed])
     verbs = {(r.verb, r.resource) for r in kopf_requests if r.resource}
     assert {("list", "configmaps"), ("watch", "configmaps"), ("patch", "configmaps")} <= verbs
+
+
+# -- helm, and the emulator in another process ------------------------------------------------
+
+
+def test_helm_installs_over_https_and_the_chart_grants_only_what_it_binds(
+    api: EmulatorThread,
+) -> None:
+    env = dict(os.environ, KUBECONFIG=str(api.kubeconfig_path), HOME=str(api.home),
+               HELM_CACHE_HOME=str(api.home / "cache"), HELM_CONFIG_HOME=str(api.home / "config"),
+               HELM_DATA_HOME=str(api.home / "data"))  # fmt: skip
+    Kubectl(api.kubeconfig_path, api.home).run("apply", "-f", "crds/", check=True)
+    installed = subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "helm"), "install", "rel", str(TINY_CHART), "-n", NS],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    assert {r.user for r in api.request_log()} == {"kubernetes-admin"}
+    # The chart's ClusterRole is bound to nobody: its ServiceAccount may not use it yet.
+    with api_client(api.write_kubeconfig_for(NS, "rel-sa")) as kube:
+        custom = client.CustomObjectsApi(kube)
+        with pytest.raises(ApiException) as denied:
+            custom.list_namespaced_custom_object(GROUP, VERSION, NS, "modeldeployments")
+        assert denied.value.status == 403
+        apply(api, rbac("RoleBinding", "rel", NS, roleRef=role_ref("ClusterRole", "rel-role"),
+                        subjects=bind_to("rel-sa")))  # fmt: skip
+        assert (
+            custom.list_namespaced_custom_object(GROUP, VERSION, NS, "modeldeployments")["items"]
+            == []
+        )
+        with pytest.raises(ApiException) as elsewhere:  # a RoleBinding grants in its namespace
+            custom.list_namespaced_custom_object(GROUP, VERSION, "default", "modeldeployments")
+        assert elsewhere.value.status == 403
+
+
+def test_a_subprocess_emulator_serves_https_and_mints_tokens_for_masters_only() -> None:
+    with EmulatorProcess(tls=True) as api:
+        assert api.url.startswith("https://") and api.ca_pem is not None
+        with api_client(api.kubeconfig_path) as kube:
+            client.CoreV1Api(kube).create_namespaced_service_account(
+                "default", service_account("x", "default")
+            )
+        ask = {"namespace": "default", "serviceAccount": "x", "nodeName": "gpu-1"}
+        code, minted = https(api, "/emulator/tokens", api.token, ask)
+        assert code == 201
+        code, review = https(api, "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                             minted["token"], {"kind": "SelfSubjectReview"})  # fmt: skip
+        assert code == 201
+        assert review["status"]["userInfo"]["username"] == "system:serviceaccount:default:x"
+        assert review["status"]["userInfo"]["extra"][NODE_NAME_EXTRA] == ["gpu-1"]
+        assert https(api, "/emulator/tokens", minted["token"], ask)[0] == 403

@@ -1,5 +1,6 @@
-"""The request path's front: authenticate, authorize, log; and validating admission policies
-with the request's user. Off (the default), it only logs, with no user.
+"""The request path's front: authenticate (and impersonate), authorize, log; and validating
+admission policies with the request's user. Off (the default), it only logs, with no user.
+The log names the user a request acts as (the impersonated one under `--as`).
 
 The authenticated user reaches admission, which runs deep inside `Cluster` writes, through
 a context variable set for the request's task; writes made directly by tests (seeding)
@@ -21,6 +22,7 @@ from tests.support.kube_emulator.audit import RequestLog, RequestRecord
 from tests.support.kube_emulator.authn import Authenticator, UserInfo
 from tests.support.kube_emulator.errors import ApiError, bad_request
 from tests.support.kube_emulator.handlers import error_response, json_response
+from tests.support.kube_emulator.impersonation import impersonated
 from tests.support.kube_emulator.operations import Cluster, WriteAttempt
 from tests.support.kube_emulator.rbac import Authorizer, forbidden
 from tests.support.kube_emulator.request_info import attributes
@@ -71,6 +73,12 @@ class Security:
         if user is None:
             request[_RECORD_KEY] = replace(record, allowed=False)
             return error_response(ApiError(401, "Unauthorized"))
+        try:
+            headers = [(k.lower(), v) for k, v in request.headers.items()]
+            user = impersonated(request.headers, headers, user, self.authorizer)
+        except ApiError as e:
+            request[_RECORD_KEY] = replace(record, user=user.username, allowed=False)
+            return error_response(e)
         decision = self.authorizer.authorize(user, attrs)
         request[_RECORD_KEY] = replace(record, user=user.username, allowed=decision.allowed)
         if not decision.allowed:

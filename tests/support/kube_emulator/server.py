@@ -49,7 +49,8 @@ aiohttp, no kmock import), with everything below made real:
   authorizer over the stored Roles/ClusterRoles/bindings (403 worded as the real server),
   ValidatingAdmissionPolicies evaluated with cel-python on create/update/patch, and
   SelfSubjectAccessReview / SubjectAccessReview / SelfSubjectReview (`kubectl auth can-i`,
-  `kubectl auth whoami`). See `security` for what is evaluated.
+  `kubectl auth whoami`), impersonation (`kubectl --as`). What is evaluated: `authn`,
+  `rbac`, `admission_policies`, `impersonation`.
 
 Not emulated: schemas of built-in types (their unknown fields are kept, never refused),
 managedFields and server-side apply conflicts, protobuf responses and `/openapi/v2` in
