@@ -90,7 +90,7 @@ class _Denial:
     reason: str
 
 
-def _labels_match(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+def labels_match(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
     if not selector:
         return True  # absent or {} selects everything
     for key, value in (selector.get("matchLabels") or {}).items():
@@ -114,7 +114,7 @@ def _one_of(values: Any, wanted: str) -> bool:
     return any(v in ("*", wanted) for v in values or ())
 
 
-def _rule_matches(rule: Mapping[str, Any], req: AdmissionRequest) -> bool:
+def rule_matches(rule: Mapping[str, Any], req: AdmissionRequest) -> bool:
     rt = req.rt
     if not _one_of(rule.get("operations"), req.operation):
         return False
@@ -142,18 +142,18 @@ class PolicyEvaluator:
 
     def _matches(self, match: Mapping[str, Any], req: AdmissionRequest) -> bool:
         rules = match.get("resourceRules") or ()
-        if not any(_rule_matches(r, req) for r in rules):
+        if not any(rule_matches(r, req) for r in rules):
             return False
-        if any(_rule_matches(r, req) for r in match.get("excludeResourceRules") or ()):
+        if any(rule_matches(r, req) for r in match.get("excludeResourceRules") or ()):
             return False
         objects = [o for o in (req.object, req.old_object) if o is not None]
         if not any(
-            _labels_match(match.get("objectSelector"), o["metadata"].get("labels") or {})
+            labels_match(match.get("objectSelector"), o["metadata"].get("labels") or {})
             for o in objects
         ):
             return False
         namespace_labels = self._namespace_labels(req)
-        return namespace_labels is None or _labels_match(
+        return namespace_labels is None or labels_match(
             match.get("namespaceSelector"), namespace_labels
         )
 
