@@ -23,6 +23,7 @@ class FakeTriton:
     def __init__(self) -> None:
         self.loaded: set[str] = set()
         self.calls: list[tuple[str, str]] = []  # (path, Host header)
+        self.encodings: list[str | None] = []  # Content-Encoding of each request
         self.paced = False
         self.sent_tokens = 0
         self._allowed: dict[int, asyncio.Event] = {}
@@ -38,6 +39,8 @@ class FakeTriton:
         app.router.add_get("/v2", self._server_metadata)
         app.router.add_get("/v2/models/{m}", self._metadata)
         app.router.add_get("/v2/models/{m}/ready", self._ready)
+        app.router.add_get("/v2/models/{m}/config", self._config)
+        app.router.add_get("/v2/models/{m}/stats", self._stats)
         app.router.add_post("/v2/models/{m}/infer", self._infer)
         app.router.add_post("/v2/models/{m}/versions/{v}/infer", self._infer)
         app.router.add_post("/v2/models/{m}/generate_stream", self._generate_stream)
@@ -45,6 +48,7 @@ class FakeTriton:
 
     def _model(self, request: web.Request) -> str:
         self.calls.append((request.path, request.headers.get("Host", "")))
+        self.encodings.append(request.headers.get("Content-Encoding"))
         name = request.match_info["m"]
         if name not in self.loaded:
             raise web.HTTPNotFound(
@@ -62,6 +66,17 @@ class FakeTriton:
     async def _metadata(self, request: web.Request) -> web.Response:
         name = self._model(request)
         return web.json_response({"name": name, "versions": ["1"], "platform": "python"})
+
+    async def _config(self, request: web.Request) -> web.Response:
+        name = self._model(request)
+        parameters = {"modelswap.agent_socket": {"string_value": "/run/modelswap/agent.sock"},
+                      "user_knob": {"string_value": "7"}}  # fmt: skip
+        return web.json_response({"name": name, "backend": "python", "parameters": parameters})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        name = self._model(request)
+        return web.json_response({"model_stats": [{"name": name, "version": "1",
+                                                   "inference_count": 3}]})  # fmt: skip
 
     async def _ready(self, request: web.Request) -> web.Response:
         self._model(request)

@@ -234,3 +234,37 @@ async def test_an_unreachable_triton_is_a_502() -> None:
             served.url + "/ns/team-a/v1/completions", json={"model": "chat", "prompt": "x"}
         ) as r:
             assert r.status == 502 and (await r.json())["error"]["code"] == "UpstreamUnavailable"
+
+
+@pytest.mark.asyncio
+async def test_a_gzip_body_is_answered_as_a_plain_one() -> None:
+    """Issue 12, finding 8: a gzip-encoded infer (tritonclient's request compression) was
+    decoded by the gateway but forwarded still marked gzip, and answered with empty outputs."""
+    import gzip
+
+    async with world() as w:
+        body = gzip.compress(json.dumps(infer_body([1, 2, 3])).encode())
+        headers = {"Host": "llama.team-a.svc", "Content-Encoding": "gzip",
+                   "Content-Type": "application/json"}  # fmt: skip
+        async with w.http.post(w.served.url + "/v2/models/llama/infer", data=body,
+                               headers=headers) as r:  # fmt: skip
+            answer = await r.json(content_type=None)
+            assert r.status == 200, answer
+        assert answer["outputs"][0]["data"] == [2, 4, 6]
+        assert w.triton.encodings[-1] is None
+
+
+@pytest.mark.asyncio
+async def test_config_and_stats_answer_under_the_users_name_without_agent_parameters() -> None:
+    """Issue 12, finding 8: tritonclient's get_model_config and get_inference_statistics
+    answered 404 through the gateway."""
+    async with world() as w:
+        status, raw, _ = await w.get("/v2/models/llama/config", Host="llama.team-a.svc")
+        config = json.loads(raw)
+        assert status == 200 and config["name"] == "llama"
+        assert config["parameters"] == {"user_knob": {"string_value": "7"}}
+        status, raw, _ = await w.get("/ns/team-a/v2/models/llama/stats")
+        stats = json.loads(raw)
+        assert status == 200 and stats["model_stats"][0]["name"] == "llama"
+        assert LLAMA_A.triton_name not in raw.decode()
+        assert w.directory.swap_ins[LLAMA_A.uid] == 0  # reading them wakes nothing

@@ -1,9 +1,9 @@
 """Triton's answers with the UID-derived name replaced by the name users call (pure).
 
-Triton puts its model name in metadata (`name`), inference and generate answers
-(`model_name`) and error messages. The gateway shows users their own name instead; only
-those top-level fields change, never tensor data. Bodies that are not JSON (or not what
-is expected) pass unchanged.
+Triton puts its model name in metadata and configuration (`name`), statistics
+(`model_stats[].name`), inference and generate answers (`model_name`) and error messages.
+The gateway shows users their own name instead; only those fields change, never tensor
+data. Bodies that are not JSON (or not what is expected) pass unchanged.
 """
 
 from __future__ import annotations
@@ -51,3 +51,15 @@ def rename_infer_response(
         return body, header_length
     header = rename_json(body[:header_length], triton_name, user_name)
     return header + body[header_length:], len(header)
+
+
+def rename_stats(body: bytes, triton_name: str, user_name: str) -> bytes:
+    """Triton's statistics answer (`model_stats[].name`) renamed, errors as `rename_json`."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_stats"), list):
+        return rename_json(body, triton_name, user_name)
+    parsed["model_stats"] = [_rename(m, triton_name, user_name) for m in parsed["model_stats"]]
+    return json.dumps(parsed, separators=(",", ":")).encode()

@@ -17,10 +17,12 @@ from modelswap_sidecar.gateway.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 #: Request headers passed on to Triton; the rest (Host, Connection, Accept-Encoding, ...)
-#: are the gateway's business.
+#: are the gateway's business. Not Content-Encoding: the gateway's server has already
+#: decoded a gzip or deflate body (aiohttp decompresses request bodies), so Triton gets
+#: plain bytes; passing the header on made Triton decode them again and answer an empty
+#: output. Inference-Header-Content-Length counts the uncompressed JSON header, as sent.
 FORWARDED_REQUEST_HEADERS = (
     "Content-Type",
-    "Content-Encoding",
     "Inference-Header-Content-Length",
     "traceparent",
     "tracestate",

@@ -5,6 +5,8 @@
     GET  /v2                                     Triton's server metadata
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]                  model metadata
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]/ready            model readiness
+    GET  [/ns/{ns}]/v2/models/{m}/config                          model configuration
+    GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]/stats            inference statistics
     POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/infer            inference
     POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/generate         generate extension
     POST [/ns/{ns}]/v2/models/{m}[/versions/{v}]/generate_stream  generate extension (SSE)
@@ -12,13 +14,16 @@
 Inference and generate requests swap a swapped-out model in (see `queueing`); metadata
 and readiness do not, and do not count as use: a probe must not keep a model resident. A
 swapped-out model is ready (it serves on request) and says where it is in
-`X-Modelswap-State`; its metadata comes from Triton when Triton still holds it
-(`onSwapOut: host`) and is otherwise a 503 until the next inference. Triton's model
-configuration and repository APIs are not exposed.
+`X-Modelswap-State`; its metadata, configuration and statistics come from Triton when
+Triton still holds it (`onSwapOut: host`) and are otherwise a 503 until the next inference.
+The configuration is shown without the `modelswap.` parameters the agent adds (how a model
+reaches the agent is none of a caller's business, DESIGN.md §1). Triton's repository API
+(load/unload) is not exposed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from aiohttp import web
@@ -39,8 +44,9 @@ from modelswap_sidecar.gateway.exchange import (
     route_for,
     wants_progress,
 )
-from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json
+from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json, rename_stats
 from modelswap_sidecar.gateway.upstream import Upstream, forwarded_headers
+from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +64,9 @@ def add_routes(app: web.Application) -> None:
             base = ns + model
             router.add_get(base, _metadata, allow_head=False)
             router.add_get(base + "/ready", _model_ready, allow_head=False)
+            router.add_get(base + "/stats", _stats, allow_head=False)
+            if model == _MODEL_PREFIXES[0]:  # Triton has no per-version config route
+                router.add_get(base + "/config", _config, allow_head=False)
             router.add_post(base + "/infer", _infer)
             router.add_post(base + "/generate", _generate)
             router.add_post(base + "/generate_stream", _generate_stream)
@@ -97,21 +106,51 @@ def _triton_path(request: web.Request, triton_name: str, tail: str = "") -> str:
 
 
 async def _metadata(request: web.Request) -> web.Response:
+    return await _model_document(request, "", "metadata")
+
+
+async def _config(request: web.Request) -> web.Response:
+    return await _model_document(request, "/config", "configuration")
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return await _model_document(request, "/stats", "statistics")
+
+
+async def _model_document(request: web.Request, tail: str, what: str) -> web.Response:
+    """A GET about one model, from Triton, under the user's name; none of these wakes it."""
     gw = _gateway(request)
     route = route_for(gw, request, request.match_info["model"])
-    async with await gw.upstream.open("GET", _triton_path(request, route.triton_name)) as answer:
+    path = _triton_path(request, route.triton_name, tail)
+    async with await gw.upstream.open("GET", path) as answer:
         body = await Upstream.read(answer)
         if answer.status >= 400 and not gw.directory.is_resident(route.uid):
             raise ModelSwappedOutError(
-                f"{route.namespace}/{route.name} is swapped out; its metadata is served "
+                f"{route.namespace}/{route.name} is swapped out; its {what} is served "
                 "again after its next inference",
                 retry_after_seconds=gw.settings.retry_after_seconds,
             )
+        if tail == "/config" and answer.status == 200:
+            body = _without_agent_parameters(body)
+        rename = rename_stats if tail == "/stats" else rename_json
         return web.Response(
             status=answer.status,
-            body=rename_json(body, route.triton_name, route.name),
+            body=rename(body, route.triton_name, route.name),
             content_type="application/json",
         )
+
+
+def _without_agent_parameters(body: bytes) -> bytes:
+    try:
+        config = json.loads(body)
+    except ValueError:
+        return body
+    parameters = config.get("parameters") if isinstance(config, dict) else None
+    if isinstance(parameters, dict):
+        config["parameters"] = {
+            k: v for k, v in parameters.items() if not k.startswith(PARAMETER_PREFIX)
+        }
+    return json.dumps(config, separators=(",", ":")).encode()
 
 
 async def _model_ready(request: web.Request) -> web.Response:
