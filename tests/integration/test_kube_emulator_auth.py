@@ -502,6 +502,37 @@ def test_policy_reason_message_expression_warn_and_failure_policy(api: EmulatorT
         )
 
 
+def test_a_policy_on_delete_sees_the_old_object(api: EmulatorThread) -> None:
+    apply(
+        api,
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": "keep-lease"},
+         "spec": {"matchConstraints": {"resourceRules": [{
+                      "apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                      "operations": ["DELETE"], "resources": ["leases"]}]},
+                  "validations": [{"expression": "object == null && "
+                                                 "oldObject.metadata.name != 'keep'"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": "keep-lease"},
+         "spec": {"policyName": "keep-lease", "validationActions": ["Deny"]}},
+    )  # fmt: skip
+    kubectl = Kubectl(api.kubeconfig_path, api.home)
+    for name in ("keep", "drop"):
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": name, "namespace": NS}, "spec": {"holderIdentity": name}}  # fmt: skip
+        kubectl.run("apply", "-f", "-", input_text=yaml.safe_dump(lease), check=True)
+    kubectl.run("delete", "lease", "drop", "-n", NS, check=True)
+    refused = kubectl.run("delete", "lease", "keep", "-n", NS)
+    assert refused.returncode == 1
+    assert (
+        "ValidatingAdmissionPolicy 'keep-lease' with binding 'keep-lease' denied request: "
+        "failed expression: object == null && oldObject.metadata.name != 'keep'"
+    ) in refused.stderr
+    assert kubectl.run("get", "lease", "-n", NS, "-o", "name", check=True).stdout.split() == [
+        "lease.coordination.k8s.io/keep"
+    ]
+
+
 # -- kopf ---------------------------------------------------------------------------------------
 
 

@@ -5,18 +5,20 @@ What is evaluated (admissionregistration.k8s.io/v1, as stored in the emulator):
   excludeResourceRules (apiGroups, apiVersions, resources with `res/sub`, `*`, `res/*`,
   `*/*`, operations, scope, resourceNames), namespaceSelector and objectSelector
   (matchLabels, matchExpressions);
+- operations CREATE, UPDATE (also patches and status writes) and DELETE (`object` null,
+  `oldObject` the object; the garbage collector's and namespace cleanup's deletes skip it);
 - `matchConditions`, `variables` (as `variables.<name>`), `validations` (expression,
   message, messageExpression, reason), `failurePolicy` (Fail, the default, or Ignore) for
   compile and runtime errors;
 - binding `validationActions`: Deny refuses, Warn adds a `Warning` header, Audit is ignored;
-- CEL variables `object`, `oldObject` (null on CREATE), `request` (kind, resource,
-  subResource, name, namespace, operation, userInfo with username/uid/groups/extra,
-  dryRun), `namespaceObject`, and `params` (always null: paramKind/paramRef are not
+- CEL variables `object` (null on DELETE), `oldObject` (null on CREATE), `request` (kind,
+  resource, subResource, name, namespace, operation, userInfo with username/uid/groups/
+  extra, dryRun), `namespaceObject`, and `params` (always null: paramKind/paramRef are not
   resolved).
 
 Not evaluated: Kubernetes' CEL libraries (cel-python has standard CEL only: no
-`authorizer`, `quantity()`, URL/IP, extended strings), type checking, DELETE and CONNECT
-operations, auditAnnotations, policy status.
+`authorizer`, `quantity()`, URL/IP, extended strings), type checking, CONNECT,
+auditAnnotations, policy status.
 
 A denial is answered as the apiserver's dispatcher does: 422 Invalid (or the code of the
 validation's `reason`), message `<resource> "<name>" is forbidden: ValidatingAdmissionPolicy
@@ -56,12 +58,12 @@ def _environment() -> celpy.Environment:
 @dataclass(frozen=True)
 class AdmissionRequest:
     rt: ResourceType
-    operation: str  # CREATE | UPDATE
+    operation: str  # CREATE | UPDATE | DELETE
     subresource: str
     name: str
     namespace: str
-    object: dict[str, Any]
-    old_object: dict[str, Any] | None
+    object: dict[str, Any] | None  # null on DELETE
+    old_object: dict[str, Any] | None  # null on CREATE
     user: UserInfo
     dry_run: bool
 
@@ -159,7 +161,8 @@ class PolicyEvaluator:
 
     def _namespace_labels(self, req: AdmissionRequest) -> dict[str, str] | None:
         if req.rt.key == ("", "namespaces"):
-            return dict(req.object["metadata"].get("labels") or {})
+            namespace_obj = req.object or req.old_object or {}
+            return dict(namespace_obj.get("metadata", {}).get("labels") or {})
         if not req.rt.namespaced:
             return None  # a namespaceSelector does not exclude cluster-scoped objects
         namespace = self._store.get(("", "namespaces"), "", req.namespace)

@@ -103,7 +103,7 @@ def _collect_garbage(cluster: Cluster, owner_uid: str) -> None:
         rt = cluster.types.storage_type(*key)
         namespace, name = obj["metadata"].get("namespace"), obj["metadata"]["name"]
         if rt is not None and cluster.store.get(key, namespace or "", name) is not None:
-            cluster.delete(rt, namespace, name)
+            delete(cluster, rt, namespace, name)  # the controllers' deletes: no admission
 
 
 def _terminate_namespace(cluster: Cluster, namespace: str) -> None:
@@ -113,7 +113,7 @@ def _terminate_namespace(cluster: Cluster, namespace: str) -> None:
             continue
         for obj in cluster.store.items(key, namespace):
             if cluster.store.get(key, namespace, obj["metadata"]["name"]) is not None:
-                cluster.delete(rt, namespace, obj["metadata"]["name"])
+                delete(cluster, rt, namespace, obj["metadata"]["name"])
     _maybe_finish_namespace(cluster, namespace)
 
 

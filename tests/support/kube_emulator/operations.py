@@ -48,13 +48,13 @@ _NS_KEY = ("", "namespaces")
 
 @dataclass(frozen=True)
 class WriteAttempt:
-    """A create or update about to be stored, as validating admission sees it."""
+    """A create, update or delete about to be stored, as validating admission sees it."""
 
     rt: ResourceType
-    operation: str  # CREATE | UPDATE
+    operation: str  # CREATE | UPDATE | DELETE
     subresource: str | None
-    object: dict[str, Any]
-    old_object: dict[str, Any] | None
+    object: dict[str, Any] | None  # None on DELETE
+    old_object: dict[str, Any] | None  # None on CREATE
     dry_run: bool
 
 
@@ -414,6 +414,9 @@ class Cluster:
         *,
         dry_run: bool = False,
     ) -> Written:
+        if self.validating_admission is not None:
+            current = self.get(rt, namespace, name)
+            self.validating_admission(WriteAttempt(rt, "DELETE", None, None, current, dry_run))
         return Written(deletion.delete(self, rt, namespace, name, options, dry_run=dry_run))
 
     def _remove(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:

@@ -122,7 +122,7 @@ class Security:
         user = _USER.get()
         if user is None or self.policies is None:
             return []
-        meta = attempt.object.get("metadata") or {}
+        meta = (attempt.object or attempt.old_object or {}).get("metadata") or {}
         return self.policies.validate(
             AdmissionRequest(
                 rt=attempt.rt, operation=attempt.operation,

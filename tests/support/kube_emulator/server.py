@@ -47,15 +47,14 @@ aiohttp, no kmock import), with everything below made real:
   authentication (the admin token in `system:masters`; ServiceAccount tokens from
   `token_for()` or TokenRequest, bound tokens carrying the node-name extra), the RBAC
   authorizer over the stored Roles/ClusterRoles/bindings (403 worded as the real server),
-  ValidatingAdmissionPolicies evaluated with cel-python on create/update/patch, and
+  ValidatingAdmissionPolicies evaluated with cel-python on create/update/patch/delete, and
   SelfSubjectAccessReview / SubjectAccessReview / SelfSubjectReview (`kubectl auth can-i`,
   `kubectl auth whoami`), impersonation (`kubectl --as`). What is evaluated: `authn`,
   `rbac`, `admission_policies`, `impersonation`.
 
 Not emulated: schemas of built-in types (their unknown fields are kept, never refused),
 managedFields and server-side apply conflicts, protobuf responses and `/openapi/v2` in
-protobuf, admission webhooks, ValidatingAdmissionPolicy on DELETE and Kubernetes' CEL
-libraries, foreground/orphan deletion propagation, CRD conversion between versions
+protobuf, admission webhooks, Kubernetes' CEL libraries in admission policies, foreground/orphan deletion propagation, CRD conversion between versions
 (objects are served under every version as stored), controllers (no Deployment ever
 becomes ready), RBAC aggregation, client certificates, `events.k8s.io`.
 
