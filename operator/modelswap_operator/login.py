@@ -12,7 +12,12 @@ import kopf
 def connection_info(api: Any, *, default_namespace: str | None = None) -> kopf.ConnectionInfo:
     """A kopf ConnectionInfo from a `kubernetes.client.ApiClient`'s configuration."""
     configuration = api.configuration
-    authorization = (configuration.api_key or {}).get("authorization") or ""
+    # The client keeps a kubeconfig's or service account's token under `BearerToken` (older
+    # releases: `authorization`) with its prefix apart; this call also runs the refresh hook
+    # that re-reads a rotated service-account token.
+    authorization = (
+        configuration.get_api_key_with_prefix("BearerToken", alias="authorization") or ""
+    )
     scheme, _, token = authorization.partition(" ")
     if not token:
         scheme, token = "Bearer", authorization or None

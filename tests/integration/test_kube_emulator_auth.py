@@ -550,12 +550,6 @@ def kopf_connection(kubeconfig: Path) -> kopf.ConnectionInfo:
     )
 
 
-@pytest.mark.xfail(
-    reason="modelswap_operator.login.connection_info reads api_key['authorization'], but "
-    "kubernetes 37 keeps the kubeconfig's token under api_key['BearerToken']: kopf then "
-    "connects with no token, which an authenticating API server answers 401",
-    strict=False,
-)
 def test_the_operator_login_carries_the_kubeconfig_token(api: EmulatorThread) -> None:
     with api_client(api.kubeconfig_path) as kube:
         info = connection_info(kube)
