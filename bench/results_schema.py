@@ -78,6 +78,42 @@ def result(
     }
 
 
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages: a shared machine's noise, recorded beside
+    every result so a reader can tell a quiet run from a contended one."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def spread(samples: list[float]) -> dict[str, float]:
+    """min, quartiles and max of `samples` (the spread a median hides)."""
+    ordered = sorted(samples)
+    q = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else [ordered[0]] * 3
+    return {"min": ordered[0], "p25": q[0], "p75": q[2], "max": ordered[-1]}
+
+
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+
+
+def target(row: dict[str, Any], metric: str, op: str, goal: float, what: str) -> dict[str, Any]:
+    """Attach a target to `row`: its `metric` (or "median") against `goal`; the verdict is
+    computed here, never written by hand. Returns the row."""
+    measured = row["median"] if metric == "median" else row["metrics"][metric]
+    row.setdefault("targets", []).append(
+        {
+            "what": what,
+            "metric": metric,
+            "op": op,
+            "goal": goal,
+            "measured": measured,
+            "verdict": "met" if _OPS[op](measured, goal) else "missed",
+        }
+    )
+    return row
+
+
 def write(
     bench: str,
     command: str,
@@ -87,6 +123,7 @@ def write(
     backend: str,
     scaled: bool,
     scaled_target_bytes_per_second: float | None = None,
+    load_average_start: list[float] | None = None,
 ) -> Path:
     if scaled != (scaled_target_bytes_per_second is not None):
         raise ValueError("a scaled result names its target bandwidth, an unscaled one none")
@@ -111,6 +148,9 @@ def write(
         "notes": notes,
         "results": results,
     }
+    if load_average_start is not None:
+        # 1/5/15-minute load averages when the bench started and when it ended
+        doc["load_average"] = {"start": load_average_start, "end": load_average()}
     path = RESULTS / str(doc["machine_class"]) / f"{bench}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

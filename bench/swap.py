@@ -35,14 +35,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import ctypes
 import mmap
 import os
+import pstats
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -64,6 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the sim default (and minimum): a model spans several chunks, so copying one overlaps
 #: granting access to (populating) the next
 POOL_CHUNK_BYTES = 32 * MIB
+#: untimed swap-ins profiled after the timed ones (smallest size only)
+PROFILE_CYCLES = 5
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 
 
@@ -77,17 +82,78 @@ def _pool_full(allocator: SimAllocator) -> None:
         raise RuntimeError("sim pool did not refill")
 
 
-def ceiling_seconds(src: int, size: int) -> float:
-    """Map a fresh pre-populated chunk MAP_POPULATE and copy `size` bytes into it (timed)."""
-    dst_fd = _new_chunk_fd(0, size)  # created and zeroed outside the timing, like the pool's
+#: the ways the ceiling tries to move the bytes (each with 1..cores threads): one mapping of
+#: the model's size, or one mapping per engine-sized chunk (as the swap-in does), so mapping
+#: one piece can overlap copying another
+CEILING_LAYOUTS = ("whole", "chunks")
+
+
+def ceiling_means(cores: int | None = None) -> list[tuple[int, str]]:
+    """Every (threads, layout) the ceiling tries: 1..cores threads, each layout."""
+    n = cores or os.cpu_count() or 1
+    return [(t, layout) for t in range(1, n + 1) for layout in CEILING_LAYOUTS]
+
+
+def _run_threads(work: list[Any], threads: int) -> None:
+    """Run the callables in `work` on `threads` threads (ctypes calls drop the GIL), each
+    thread taking every threads-th item; returns when all are done."""
+    if threads == 1:
+        for job in work:
+            job()
+        return
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for job in work[i::threads]:
+                job()
+        except BaseException as e:  # re-raised in the caller
+            errors.append(e)
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def ceiling_seconds(src: int, size: int, threads: int = 1, layout: str = "whole") -> float:
+    """Move `size` bytes from `src` into freshly mapped, pre-populated memfd memory (timed:
+    the mapping MAP_SHARED|MAP_POPULATE and the memmoves), `threads` at a time.
+
+    "whole": one chunk of `size`, mapped once, the copy split across the threads.
+    "chunks": one chunk per POOL_CHUNK_BYTES, each mapped and copied by one thread.
+    The chunks are created and zeroed before the timing, like the engine's pool."""
+    piece = size if layout == "whole" else POOL_CHUNK_BYTES
+    sizes = [min(piece, size - off) for off in range(0, size, piece)]
+    fds = [_new_chunk_fd(0, n) for n in sizes]
+    mapped: list[tuple[int, int]] = []
     try:
         started = time.perf_counter()
-        dst = _map(dst_fd, size, PROT_RW)
-        ctypes.memmove(dst, src, size)
+        if layout == "whole":
+            dst = _map(fds[0], size, PROT_RW)
+            mapped.append((dst, size))
+            step = -(-size // threads)
+            slices = [(off, min(step, size - off)) for off in range(0, size, step)]
+            _run_threads(
+                [lambda o=o, n=n: ctypes.memmove(dst + o, src + o, n) for o, n in slices], threads
+            )
+        else:
+
+            def one(i: int) -> None:
+                addr = _map(fds[i], sizes[i], PROT_RW)
+                mapped.append((addr, sizes[i]))  # list.append is atomic under the GIL
+                ctypes.memmove(addr, src + i * piece, sizes[i])
+
+            _run_threads([lambda i=i: one(i) for i in range(len(sizes))], threads)
         elapsed = time.perf_counter() - started
-        _libc.munmap(dst, size)
     finally:
-        os.close(dst_fd)
+        for addr, n in mapped:
+            _libc.munmap(addr, n)
+        for fd in fds:
+            os.close(fd)
     return elapsed
 
 
@@ -132,6 +198,95 @@ def sync_baseline_seconds(
     return elapsed
 
 
+def _profile_swap_in(engine: Engine, allocator: SimAllocator, cycles: int = 5) -> str:
+    """Where the agent's side of a swap-in spends its time: cProfile over `cycles` untimed
+    swap-ins (the engine runs in this process; the client's copies show up as the wait for
+    its reply). The top functions by own time, as text for the results' notes."""
+    profiler = cProfile.Profile()
+    for _ in range(cycles):
+        _pool_full(allocator)
+        engine.swap_out("bench")
+        _pool_full(allocator)
+        profiler.enable()
+        engine.swap_in("bench")
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt / cycles  # type: ignore[attr-defined]
+    rows = sorted(
+        stats.stats.items(),  # type: ignore[attr-defined]
+        key=lambda kv: kv[1][2],
+        reverse=True,
+    )[:8]
+    parts = []
+    for (file, line, func), (_cc, _nc, tt, _ct, _callers) in rows:
+        where = f"{Path(file).name}:{line}" if line else file
+        parts.append(f"{func} ({where}) {tt / cycles * 1e3:.2f} ms")
+    return f"{total * 1e3:.2f} ms per swap-in in the agent's thread; by own time: " + "; ".join(
+        parts
+    )
+
+
+_BLOCKING = frozenset(
+    {
+        "<method 'get' of '_queue.SimpleQueue' objects>",
+        "<method 'acquire' of '_thread.lock' objects>",
+        "<method 'recvmsg' of '_socket.socket' objects>",
+        "<method 'recv' of '_socket.socket' objects>",
+        "<method 'read' of '_io.TextIOWrapper' objects>",
+    }
+)
+
+
+def _client_profile(path: Path, swap_ins: int) -> str:
+    """The client process's threads (its swap handling and copy streams), per swap-in."""
+    stats = pstats.Stats(str(path))
+    rows = sorted(
+        (
+            kv
+            for kv in stats.stats.items()  # type: ignore[attr-defined]
+            # idle threads block in these between swaps: waiting, not work
+            if kv[0][2] not in _BLOCKING
+        ),
+        key=lambda kv: kv[1][2],
+        reverse=True,
+    )[:8]
+    parts = [
+        f"{func} ({Path(file).name}:{line}) {tt / swap_ins * 1e3:.2f} ms"
+        for (file, line, func), (_cc, _nc, tt, _ct, _callers) in rows
+    ]
+    return (
+        "client threads, own time per swap-in (swap-outs included, blocking waits left "
+        "out, profiler overhead included): " + "; ".join(parts)
+    )
+
+
+def fixed_cost(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Least-squares line through (model bytes, median seconds) of the swap-ins and of the
+    ceilings: the intercept is the fixed cost per swap-in, the slope the bytes' cost."""
+    ins = [(r["params"]["model_bytes"], r["median"]) for r in rows if r["name"] == "swap_in"]
+    ceil = [(r["params"]["model_bytes"], r["median"]) for r in rows if r["name"] == "ceiling_copy"]
+    if len(ins) < 2 or len(ceil) < 2:
+        return None
+
+    def line(points: list[tuple[int, float]]) -> tuple[float, float]:
+        slope, intercept = statistics.linear_regression(
+            [float(x) for x, _ in points], [y for _, y in points]
+        )
+        return slope, intercept
+
+    s_in, i_in = line(ins)
+    s_c, i_c = line(ceil)
+    return results_schema.result(
+        "fixed_cost",
+        {"sizes_bytes": [x for x, _ in ins]},
+        [i_in],
+        swap_in_intercept_seconds=i_in,
+        ceiling_intercept_seconds=i_c,
+        swap_in_marginal_bytes_per_second=1 / s_in if s_in > 0 else 0.0,
+        ceiling_marginal_bytes_per_second=1 / s_c if s_c > 0 else 0.0,
+    )
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """Kill the client's whole process group (it runs in its own session) and reap it."""
     if proc.poll() is None:
@@ -145,7 +300,13 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def run_size(
-    size: int, reps: int, workdir: Path, pace_bytes_per_second: float = 0.0
+    size: int,
+    reps: int,
+    workdir: Path,
+    pace_bytes_per_second: float = 0.0,
+    *,
+    profile: bool = False,
+    profile_out: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     allocator = SimAllocator(capacities_bytes=[size], pool_chunk_bytes=POOL_CHUNK_BYTES)
     store = HostStore(workdir / f"store-{size}", {0: size})
@@ -163,6 +324,7 @@ def run_size(
             str(sock),
             str(size),
             str(pace_bytes_per_second),
+            *([str(workdir / f"client-{size}.pstats")] if profile else []),
         ],
         cwd=ROOT,
         stdin=subprocess.PIPE,
@@ -183,6 +345,8 @@ def run_size(
         outs: list[float] = []
         ins: list[float] = []
         ceilings: list[float] = []
+        means = ceiling_means()
+        by_means: dict[tuple[int, str], list[float]] = {m: [] for m in means}
         baselines: list[float] = []
         source_maps: list[float] = []
         # one untimed cycle first: the client maps its host copy once (it keeps that
@@ -192,30 +356,41 @@ def run_size(
         engine.swap_in("bench")
         for rep in range(reps):
             # every measurement of a repetition runs side by side with the others, each
-            # after the pool refilled, so the shared machine's noise hits all alike
+            # after the pool refilled, so the shared machine's noise hits all alike; the
+            # order rotates so no way of copying always runs first or last
             _pool_full(allocator)
             t = time.perf_counter()
             engine.swap_out("bench")
             outs.append(time.perf_counter() - t)
-            for which in ("ceiling", "sync") if rep % 2 == 0 else ("sync", "ceiling"):
+            steps: list[tuple[int, str] | str] = [*means, "sync"]
+            shift = rep % len(steps)
+            for which in steps[shift:] + steps[:shift]:
                 _pool_full(allocator)
-                if which == "ceiling":
-                    ceilings.append(ceiling_seconds(src, size))
-                else:
+                if which == "sync":
                     baselines.append(
                         sync_baseline_seconds(
                             allocator, src, size, POOL_CHUNK_BYTES, pace_bytes_per_second
                         )
                     )
+                else:
+                    assert not isinstance(which, str)
+                    by_means[which].append(ceiling_seconds(src, size, *which))
+            # this repetition's ceiling: the fastest way any means moved the bytes
+            ceilings.append(min(v[-1] for v in by_means.values()))
             source_maps.append(source_map_seconds(weights, size))
             _pool_full(allocator)
             t = time.perf_counter()
             engine.swap_in("bench")
             ins.append(time.perf_counter() - t)
+        profile_text = ""
+        if profile:
+            profile_text = _profile_swap_in(engine, allocator, PROFILE_CYCLES)
         client.stdin.close()
         verdict = client.stdout.readline().strip()
         if verdict != "ok":
             raise RuntimeError(f"bytes did not survive the swaps: {verdict}")
+        if profile:
+            client.wait(timeout=60)  # it writes its profile after answering
     finally:
         if src:
             _libc.munmap(src, size)
@@ -233,36 +408,61 @@ def run_size(
         "reps": reps,
     }
     paired_sync = statistics.median(b / i for b, i in zip(baselines, ins, strict=True))
+    if profile_out is not None and profile_text:
+        profile_out.append(profile_text)
+        swap_ins = reps + 1 + PROFILE_CYCLES  # every swap-in the client handled
+        profile_out.append(_client_profile(workdir / f"client-{size}.pstats", swap_ins))
+    best = min(by_means, key=lambda m: statistics.median(by_means[m]))
     machine_row = results_schema.result(
         "ceiling_copy",
-        params,
+        {**params, "means_tried": [f"{t} thread(s), {layout}" for t, layout in means]},
         ceilings,
         throughput_bytes_per_second=size / med_ceiling,
         source_map_seconds=statistics.median(source_maps),
+        best_means_threads=best[0],
+        best_means_chunked=float(best[1] == "chunks"),
     )
+    means_rows = [
+        results_schema.result(
+            f"copy_{t}t_{layout}",
+            {**params, "threads": t, "layout": layout},
+            v,
+            throughput_bytes_per_second=size / statistics.median(v),
+        )
+        for (t, layout), v in by_means.items()
+    ]
     swap_out_row = results_schema.result(
         "swap_out", params, outs, throughput_bytes_per_second=size / med_out
     )
     if pace_bytes_per_second <= 0:
-        return [
-            results_schema.result(
-                "swap_in",
-                params,
-                ins,
-                throughput_bytes_per_second=size / med_in,
-                ratio_to_ceiling=med_ceiling / med_in,
-                ratio_to_sync_baseline=med_base / med_in,
-                # the same ratios per repetition (each pair measured side by side), median
-                paired_ratio_to_ceiling=statistics.median(
-                    c / i for c, i in zip(ceilings, ins, strict=True)
-                ),
-                paired_ratio_to_sync_baseline=paired_sync,
+        swap_in_row = results_schema.result(
+            "swap_in",
+            params,
+            ins,
+            throughput_bytes_per_second=size / med_in,
+            ratio_to_ceiling=med_ceiling / med_in,
+            ratio_to_sync_baseline=med_base / med_in,
+            # the same ratios per repetition (each pair measured side by side), median
+            paired_ratio_to_ceiling=statistics.median(
+                c / i for c, i in zip(ceilings, ins, strict=True)
             ),
+            paired_ratio_to_sync_baseline=paired_sync,
+        )
+        results_schema.target(
+            swap_in_row,
+            "ratio_to_ceiling",
+            ">=",
+            0.9,
+            f"sim swap-in at {size // MIB} MiB >= 0.9 of the same-run ceiling",
+        )
+        return [
+            swap_in_row,
             swap_out_row,
             machine_row,
             results_schema.result(
                 "sync_one_at_a_time", params, baselines, throughput_bytes_per_second=size / med_base
             ),
+            *means_rows,
         ]
     if pace_bytes_per_second >= size / med_ceiling:
         raise RuntimeError(
@@ -369,10 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
     pace = args.pace_gbps * 1e9
+    load_start = results_schema.load_average()
     results: list[dict[str, Any]] = []
+    profiles: list[str] = []
+    sizes = [int(s) for s in args.sizes_mib.split(",")]
     with tempfile.TemporaryDirectory(prefix="modelswap-bench-", dir="/dev/shm") as tmp:
         print(f"workdir {tmp}", flush=True)
-        for mib in (int(s) for s in args.sizes_mib.split(",")):
+        for mib in sizes:
+            # the smallest size's fixed cost is the one to explain: profile it (untimed)
             rows = run_size(mib * MIB, args.reps, Path(tmp), pace)
             results += rows
             r = rows[0]["metrics"]
@@ -385,6 +589,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"swap-out {rows[1]['median'] * 1e3:7.1f} ms",
                 flush=True,
             )
+        if not pace:
+            # where the smallest swap-in's fixed cost goes: a separate, profiled run (the
+            # profilers slow what they watch, so none of its times is reported as a figure)
+            run_size(min(sizes) * MIB, 1, Path(tmp), profile=True, profile_out=profiles)
+    notes = list(NOTES)
+    if not pace:
+        fixed = fixed_cost(results)
+        if fixed is not None:
+            results.append(fixed)
+            m = fixed["metrics"]
+            print(
+                f"fixed cost per swap-in {m['swap_in_intercept_seconds'] * 1e3:.1f} ms "
+                f"(ceiling's {m['ceiling_intercept_seconds'] * 1e3:.1f} ms)",
+                flush=True,
+            )
+        notes += [f"Profile of the {min(sizes)} MiB swap-in (agent side): {p}" for p in profiles]
+        for p_text in profiles:
+            print(p_text, flush=True)
     if args.no_results:
         return 0
     if pace:
@@ -396,15 +618,17 @@ def main(argv: list[str] | None = None) -> int:
             backend="sim",
             scaled=True,
             scaled_target_bytes_per_second=pace,
+            load_average_start=load_start,
         )
     else:
         path = results_schema.write(
             "swap",
             "make bench-swap (python -m bench.swap)",
             results,
-            NOTES,
+            notes,
             backend="sim",
             scaled=False,
+            load_average_start=load_start,
         )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
