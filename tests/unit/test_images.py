@@ -238,6 +238,7 @@ def _path_has_venv(image: Dockerfile) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first one pays for both installs (pip, full dependency sets)
 def test_operator_image_install_gives_the_operator_command(replays: dict[str, Replay]) -> None:
     venv = replays["operator"].root / "opt" / "modelswap" / "venv"
     assert re.search(r"^\s+operator\s", _commands(venv), re.MULTILINE)
@@ -251,6 +252,7 @@ def test_operator_image_install_gives_the_operator_command(replays: dict[str, Re
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first one pays for both installs (pip, full dependency sets)
 def test_node_image_install_gives_the_node_and_agent_commands_with_cuda(
     replays: dict[str, Replay],
 ) -> None:
@@ -264,6 +266,7 @@ def test_node_image_install_gives_the_node_and_agent_commands_with_cuda(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first one pays for both installs (pip, full dependency sets)
 def test_node_image_stubs_python_imports_the_client_and_nothing_else(
     replays: dict[str, Replay],
 ) -> None:
