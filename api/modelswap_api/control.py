@@ -89,9 +89,9 @@ class DesiredEntry(_Wire):
     #: UUID of the GPU the operator placed the model on; unset: the agent chooses.
     gpu: str | None = None
     #: The effective policy (the spec's policy fields merged over the cluster defaults, as
-    #: in the ModelDeployment's status.effectivePolicy); every field set. Unset: the agent
-    #: merges over its own defaults.
-    policy: EffectivePolicyStatus | None = None
+    #: in the ModelDeployment's status.effectivePolicy); every field set. The sender (the
+    #: operator, local mode) computes it once; the agent applies it as given.
+    policy: EffectivePolicyStatus
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,8 +254,7 @@ def _check_entry(entry: DesiredEntry, path: str) -> None:
             raise ModelError(join_path(path, name), "must not be empty")
     if entry.generation < 1:
         raise ModelError(join_path(path, "generation"), "must be 1 or more")
-    if entry.policy is not None:
-        _check_policy(entry.policy, join_path(path, "policy"))
+    _check_policy(entry.policy, join_path(path, "policy"))
 
 
 def _check_policy(policy: EffectivePolicyStatus, path: str) -> None:

@@ -29,6 +29,8 @@ import numpy as np
 import yaml
 
 from examples.models.reference import mlp_infer_body
+from modelswap_api.defaults import BUILTIN_DEFAULTS
+from modelswap_api.policy import effective_policy
 from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import (
     TritonPorts,
@@ -287,6 +289,7 @@ def entry(
         "name": name or model,
         "generation": generation,
         "spec": spec,
+        "policy": effective_policy(spec, BUILTIN_DEFAULTS).to_status().to_dict(),
     }
 
 

@@ -1,18 +1,18 @@
-"""A desired entry carries its effective policy: the agent applies it as given (its own
-defaults are only the fallback), `parse_desired_set` checks it naming the field, and local
-mode sends it."""
+"""A desired entry carries its effective policy: the agent applies it as given (it keeps no
+defaults of its own), `parse_desired_set` requires it and checks it naming the field, and
+local mode sends it."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from modelswap_api.control import DesiredEntry, parse_desired_set
 from modelswap_api.defaults import BUILTIN_DEFAULTS
-from modelswap_api.errors import PolicyError, ResourceError
+from modelswap_api.errors import ModelError, PolicyError, ResourceError
 from modelswap_api.models import EffectivePolicyStatus, ModelDeploymentSpec
 from modelswap_api.policy import EffectivePolicy, effective_policy
 from modelswap_sidecar.agent.backend import AgentBackend
@@ -34,18 +34,7 @@ ONE_SECOND = dataclasses.replace(
 )
 
 
-def backend() -> AgentBackend:
-    """policy_of reads only the defaults; no actuator is needed for it."""
-    return AgentBackend(
-        cast(Any, None),
-        node_name="node-a",
-        agent_version="test",
-        defaults=BUILTIN_DEFAULTS,
-        desired_file=Path("/nonexistent/desired.json"),
-    )
-
-
-def entry(policy: EffectivePolicyStatus | None) -> DesiredEntry:
+def entry(policy: EffectivePolicyStatus) -> DesiredEntry:
     return DesiredEntry(
         uid=UID,
         namespace="ns",
@@ -58,22 +47,24 @@ def entry(policy: EffectivePolicyStatus | None) -> DesiredEntry:
 
 def idle_swap_outs_at(policy: EffectivePolicy, now_seconds: float) -> list[str]:
     """Swap-outs the policy plans for a model resident and last asked at 0 s."""
-    model = AgentModel(entry=entry(None), policy=policy, serving=Serving.LOADED, gpu=0)
+    model = AgentModel(
+        entry=entry(policy.to_status()), policy=policy, serving=Serving.LOADED, gpu=0
+    )
     model.resident_since_seconds = model.last_request_seconds = 0.0
     gpus = [GpuBudget(ordinal=0, uuid="g0", budget_bytes=96 * MIB)]
     view = node_view([model], {model.triton_name: EngineState.RESIDENT}, gpus, now_seconds)
     return [s.uid for s in plan_swap_outs(view, now_seconds, PolicySettings())]
 
 
-def test_the_entrys_policy_wins_over_the_agents_defaults_and_swaps_out_after_1s() -> None:
-    policy = backend().policy_of(entry(ONE_SECOND))
+def test_the_entrys_policy_is_applied_as_given_and_swaps_out_after_1s() -> None:
+    policy = AgentBackend.policy_of(entry(ONE_SECOND))
     assert policy.idle_after.seconds == 1 and policy.to_status() == ONE_SECOND
     assert idle_swap_outs_at(policy, 0.5) == []
     assert idle_swap_outs_at(policy, 1.5) == [UID]
-    # Without a policy in the entry the agent merges over its defaults (idleAfter 10m).
-    fallback = backend().policy_of(entry(None))
-    assert fallback.idle_after.raw == "10m"
-    assert idle_swap_outs_at(fallback, 1.5) == []
+    # The built-in defaults (idleAfter 10m), when the sender merged over them.
+    merged = AgentBackend.policy_of(entry(effective_policy(SPEC, BUILTIN_DEFAULTS).to_status()))
+    assert merged.idle_after.raw == "10m"
+    assert idle_swap_outs_at(merged, 1.5) == []
 
 
 def test_from_status_names_a_missing_or_bad_field() -> None:
@@ -89,7 +80,8 @@ def body(policy: dict[str, Any]) -> dict[str, Any]:
     return {
         "revision": {"term": 1, "counter": 1},
         "entries": [
-            {"uid": UID, "namespace": "ns", "name": "mlp", "generation": 1, "spec": SPEC},
+            {"uid": UID, "namespace": "ns", "name": "mlp", "generation": 1, "spec": SPEC,
+             "policy": ONE_SECOND.to_dict()},
             {"uid": OTHER_UID, "namespace": "ns", "name": "b", "generation": 1, "spec": SPEC,
              "policy": policy},
         ],
@@ -115,6 +107,13 @@ def test_a_bad_policy_field_is_refused_naming_it(change: dict[str, Any], field: 
     incomplete = {k: v for k, v in good.items() if k != "idleAfter"}
     with pytest.raises(ResourceError, match=r"entries\[1\]\.policy\.idleAfter: Required"):
         parse_desired_set(body(incomplete))
+
+
+def test_an_entry_without_a_policy_is_refused_naming_it() -> None:
+    without = body(ONE_SECOND.to_dict())
+    del without["entries"][0]["policy"]
+    with pytest.raises(ModelError, match=r"entries\[0\]\.policy: required"):
+        parse_desired_set(without)
 
 
 def test_local_mode_sends_each_models_effective_policy() -> None:

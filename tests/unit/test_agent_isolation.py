@@ -33,6 +33,7 @@ def model(name: str, uid: str | None = None) -> AgentModel:
         name=name,
         generation=1,
         spec=ModelDeploymentSpec.from_dict(SPEC),
+        policy=effective_policy(SPEC, BUILTIN_DEFAULTS).to_status(),
     )
     m = AgentModel(entry=entry, policy=effective_policy(SPEC, BUILTIN_DEFAULTS))
     m.gpu, m.serving = 0, Serving.LOADING

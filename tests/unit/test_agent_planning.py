@@ -40,6 +40,7 @@ def model(uid: str, gpu: int | None, serving: Serving, *, mib: int = 32, **swap:
         name=uid,
         generation=1,
         spec=ModelDeploymentSpec.from_dict(spec),
+        policy=effective_policy(spec, BUILTIN_DEFAULTS).to_status(),
     )
     m = AgentModel(entry=entry, policy=effective_policy(spec, BUILTIN_DEFAULTS))
     m.gpu, m.serving = gpu, serving
@@ -153,7 +154,9 @@ def test_settings_read_once_with_defaults_and_overrides(tmp_path: Path) -> None:
     assert settings.gpu_uuids == ("sim-gpu-0", "g-1")
     assert settings.gpus[0].capacity_bytes == 128 * MIB
     assert settings.socket_path == Path("/run/agent.sock")
-    assert settings.defaults["swapPolicy"]["idleAfter"] == "10m"
+    # no policy defaults: entries carry their effective policy; an old `defaults` is ignored
+    assert not hasattr(settings, "defaults")
+    assert settings_from_document(_doc(defaults={"swapPolicy": {}})) == settings
     path = tmp_path / "agent.yaml"
     path.write_text(__import__("yaml").safe_dump(_doc()))
     settings = load_settings(path, {"control.port": 1234, "nodeName": "other", "logLevel": None})
@@ -167,7 +170,6 @@ def test_settings_read_once_with_defaults_and_overrides(tmp_path: Path) -> None:
         ({"gpus": []}, "gpus"),
         ({"gpus": [{"capacityBytes": "1.5Gi"}]}, "gpus[0].capacityBytes"),
         ({"triton": {"repository": "/r"}}, "triton.url"),
-        ({"defaults": {"swapPolicy": {}}}, "defaults"),
         ({"allocator": "cuda"}, "allocator"),
     ],
 )

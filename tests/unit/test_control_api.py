@@ -17,6 +17,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from modelswap_api.control import Revision
+from modelswap_api.defaults import BUILTIN_DEFAULTS
+from modelswap_api.errors import PolicyError
+from modelswap_api.policy import effective_policy
 from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.control.certificate import self_signed
@@ -82,6 +85,15 @@ class Node:
         return response.status, await response.json()
 
 
+def policy_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """The effective policy the sender computes; for a spec whose policy cannot merge (a
+    test of the spec's own checks), the built-in defaults' (the spec is refused first)."""
+    try:
+        return effective_policy(spec, BUILTIN_DEFAULTS).to_status().to_dict()
+    except PolicyError:
+        return effective_policy({}, BUILTIN_DEFAULTS).to_status().to_dict()
+
+
 def entry(uid: str, weights: str = "1Gi", *, generation: int = 1, **extra: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"source": {"uri": f"/models/{uid}"}, "weightsBytes": weights},
@@ -94,6 +106,7 @@ def entry(uid: str, weights: str = "1Gi", *, generation: int = 1, **extra: Any) 
         "name": extra.pop("name", uid),
         "generation": generation,
         "spec": spec,
+        "policy": policy_of(spec),
         **extra,
     }
 

@@ -15,6 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate as validate_openapi
 
 from modelswap_api import codec, control, models
+from modelswap_api.defaults import BUILTIN_DEFAULTS
+from modelswap_api.policy import effective_policy
 from modelswap_sidecar.control.app import make_app, openapi_text
 from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.control.memory_backend import InMemoryBackend
@@ -161,7 +163,9 @@ async def test_real_answers_are_documented_and_match_their_schemas(
     labels = {uid: label for label, uid in uids.items()}
 
     def entry(uid: str, body: dict[str, Any]) -> dict[str, Any]:
-        return {"uid": uid, "namespace": "ns", "name": labels[uid], "generation": 1, "spec": body}
+        policy = effective_policy(body, BUILTIN_DEFAULTS).to_status().to_dict()
+        return {"uid": uid, "namespace": "ns", "name": labels[uid], "generation": 1,
+                "spec": body, "policy": policy}  # fmt: skip
 
     calls: list[tuple[str, str, str, Any, dict[str, str]]] = [
         ("put", "/v1/desired", "/v1/desired", {"revision": {"term": 2, "counter": 1},

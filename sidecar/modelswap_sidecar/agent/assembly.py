@@ -211,7 +211,6 @@ async def assembled(
         actuator,
         node_name=settings.node_name,
         agent_version=settings.agent_version,
-        defaults=settings.defaults,
         desired_file=settings.state_dir / DESIRED_FILE,
         gpu_products=tuple(g.product for g in inventory.gpus)
         if inventory.backend != "sim"

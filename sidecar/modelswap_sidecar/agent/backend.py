@@ -1,8 +1,7 @@
 """`AgentBackend`: the control API's `NodeBackend` over the real engine, sources and Triton.
 
 `converge` answers at once: per entry it takes the effective policy the entry carries
-(`policy`; without one it merges the spec over its own `defaults`, where a policy that is
-only wrong after the merge is a `conflict` naming both fields),
+(`policy`, computed once by the sender; the agent keeps no policy defaults),
 updates a held model's policy in place (the engine's pinned/priority/KV mode too), and
 places a new one (`placement.place`): `applied` when a GPU admits it (the load then runs
 in the background and shows in `models()`), `deferred` with the reason when none does.
@@ -13,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from modelswap_api.control import (
     ActionResult,
@@ -27,7 +25,7 @@ from modelswap_api.control import (
 )
 from modelswap_api.errors import PolicyError
 from modelswap_api.models import Link
-from modelswap_api.policy import EffectivePolicy, effective_policy
+from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.agent import reports
 from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.agent.desired_file import save_entries
@@ -56,7 +54,6 @@ class AgentBackend:
         *,
         node_name: str,
         agent_version: str,
-        defaults: Mapping[str, Any],
         desired_file: Path,
         gpu_products: Sequence[str] | None = None,
         gpu_links: Sequence[Link] | None = None,
@@ -64,7 +61,6 @@ class AgentBackend:
         self.actuator = actuator
         self.node_name = node_name
         self.agent_version = agent_version
-        self.defaults = defaults
         self.desired_file = desired_file
         #: per GPU, for `GET /v1/node` (None: sim GPUs, link kind sim)
         self.gpu_products = gpu_products
@@ -74,13 +70,11 @@ class AgentBackend:
     def records(self) -> dict[str, AgentModel]:
         return self.actuator.records
 
-    def policy_of(self, entry: DesiredEntry) -> EffectivePolicy:
+    @staticmethod
+    def policy_of(entry: DesiredEntry) -> EffectivePolicy:
         """The entry's effective policy as its sender merged it (the operator, from the
         cluster defaults it is configured with); PolicyError naming the field."""
-        if entry.policy is not None:
-            return EffectivePolicy.from_status(entry.policy)
-        # Fallback for senders without `policy`; it goes once every sender sends the policy.
-        return effective_policy(entry.spec.to_dict(), self.defaults)
+        return EffectivePolicy.from_status(entry.policy)
 
     # -- NodeBackend ---------------------------------------------------------------------------
 

@@ -37,14 +37,23 @@ def save_entries(path: Path, entries: Iterable[DesiredEntry]) -> None:
 
 
 def load_entries(path: Path) -> list[DesiredEntry]:
-    """The saved entries; none when the file is missing or unreadable (logged)."""
+    """The saved entries; none when the file is missing or unreadable (logged). An entry
+    this agent cannot read (an older agent saved it without its effective policy) is left
+    out, logged; the operator's next push brings it back."""
     try:
         doc = json.loads(path.read_text())
         if doc.get("version") != _VERSION:
             raise ValueError(f"version {doc.get('version')!r}")
-        return [DesiredEntry.from_dict(e) for e in doc["entries"]]
+        saved = list(doc["entries"])
     except FileNotFoundError:
         return []
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("ignoring %s: %s", path, e)
         return []
+    entries: list[DesiredEntry] = []
+    for i, doc in enumerate(saved):
+        try:
+            entries.append(DesiredEntry.from_dict(doc))
+        except (ValueError, KeyError, TypeError) as problem:
+            log.warning("ignoring entry %d of %s: %s", i, path, problem)
+    return entries

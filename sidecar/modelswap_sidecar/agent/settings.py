@@ -35,7 +35,8 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
              retryFailedSeconds: 60}
-    defaults: {swapPolicy: {...}, kvCache: {...}, gateway: {...}}     # cluster defaults
+    # no policy defaults: each desired entry carries its effective policy (a `defaults`
+    # key from an older config is ignored)
     kube:                           # cluster mode: SwapNode + node Lease (omit: none)
       kubeconfig: null              # a path, or inCluster: true (the service account)
       inCluster: false
@@ -53,7 +54,6 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +61,6 @@ from typing import Any
 
 import yaml
 
-from modelswap_api.defaults import BUILTIN_DEFAULTS, check_defaults
 from modelswap_api.quantities import parse_bytes
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.allocators.base import GRANULARITY_BYTES
@@ -169,7 +168,6 @@ class AgentSettings:
     gateway_port: int = 0
     triton: TritonEndpoint
     policy: PolicyLoopSettings = PolicyLoopSettings()
-    defaults: Mapping[str, Any] = field(default_factory=lambda: copy.deepcopy(BUILTIN_DEFAULTS))
     log_level: str = "info"
     json_logs: bool = True
     agent_version: str = "0.1.0"
@@ -239,12 +237,6 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     policy = _get(doc, "policy", {})
     if not triton.get("url"):
         raise SettingsError("triton.url is required")
-    try:
-        defaults = check_defaults(_get(doc, "defaults", BUILTIN_DEFAULTS))
-    except ValueError as e:
-        raise SettingsError(f"defaults: {e}") from e
-    except Exception as e:  # PolicyError is not a ValueError
-        raise SettingsError(f"defaults: {e}") from e
     local_mode = bool(_get(doc, "localMode", False))
     tls_mode, tls_cert_file, tls_key_file = _control_tls(control)
     return AgentSettings(
@@ -291,7 +283,6 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
             retry_failed_seconds=float(_get(policy, "retryFailedSeconds", 60.0)),
             drain_timeout_seconds=float(_get(policy, "drainTimeoutSeconds", 60.0)),
         ),
-        defaults=defaults,
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
         kube=_kube(doc.get("kube"), str(node_name), local_mode=local_mode),

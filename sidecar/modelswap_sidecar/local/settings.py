@@ -99,7 +99,6 @@ def agent_document(
             "loadTimeoutSeconds": 120,
         },
         "policy": {"intervalSeconds": settings.policy_interval_seconds},
-        "defaults": dict(settings.defaults),
         "logLevel": settings.log_level,
         "jsonLogs": False,
     }
