@@ -1,0 +1,440 @@
+"""The chart as a cluster would run it: `helm install` into the authorizing API emulator
+(HTTPS, ServiceAccount tokens, RBAC, ValidatingAdmissionPolicies), then the real operator
+and the real agent (sim GPUs, real Triton) started from the rendered commands, env and
+settings files with the chart's ServiceAccounts -- exactly the rights the chart grants.
+
+A user applies models, gets answers through their Services, deletes one; the request log
+then shows every rule the chart grants was used and nothing the components needed was
+refused; and the node's token cannot write another node's objects or read user Secrets."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import numpy as np
+import pytest
+from kubernetes import client
+
+from examples.models import reference
+from modelswap_api.tls import pinned_context
+from tests.support.agent_harness import Control
+from tests.support.chart_world import (
+    NAMESPACE,
+    NODE,
+    NODE_LEASES,
+    NODE_OBJECTS,
+    OPERATOR,
+    OTHER_NODE,
+    POD_IP,
+    POOL,
+    Grant,
+    NodePod,
+    OperatorPod,
+    Ports,
+    Release,
+    chart_values,
+    grants,
+    install,
+    node_pod,
+    operator,
+    service_account_user,
+    until,
+)
+from tests.support.kube_emulator.audit import RequestRecord
+from tests.support.kube_emulator.hosting import EmulatorThread
+from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+EXAMPLES = REPO_ROOT / "examples"
+GROUP, VERSION = "modelswap.io", "v1alpha1"
+SOURCE_SECRET = "mlp-source"
+SOURCE_AUTHORIZATION = "Bearer source-token-1"
+POLICY_MESSAGE = "a modelswap node may write only the SwapNode and Lease named after its own node"
+
+
+# -- an http(s) model source that wants credentials ---------------------------------------------
+
+
+class _Sources(http.server.BaseHTTPRequestHandler):
+    archive: ClassVar[bytes] = b""
+    #: The Authorization header of every request.
+    authorizations: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        self.authorizations.append(self.headers.get("Authorization"))
+        if self.path != "/mlp.tar.gz" or self.headers.get("Authorization") != SOURCE_AUTHORIZATION:
+            self.send_error(404 if self.path != "/mlp.tar.gz" else 401)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.archive)))
+        self.end_headers()
+        self.wfile.write(self.archive)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def source_server() -> Iterator[str]:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(EXAMPLES / "models" / "mlp", arcname="mlp")
+    _Sources.archive = buffer.getvalue()
+    _Sources.authorizations = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sources)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+# -- what a user sees ----------------------------------------------------------------------------
+
+
+class Cluster:
+    """The admin's (the user's) view through the official client."""
+
+    def __init__(self, api: EmulatorThread) -> None:
+        self.client = api_client(api.kubeconfig_path)
+        self.core = client.CoreV1Api(self.client)
+        self.custom = client.CustomObjectsApi(self.client)
+        self.discovery = client.DiscoveryV1Api(self.client)
+        self.coordination = client.CoordinationV1Api(self.client)
+
+    def model(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "modeldeployments", name
+            )
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return found
+
+    def ready(self, name: str) -> dict[str, Any] | None:
+        found = self.model(name)
+        conditions = {c["type"]: c["status"] for c in (found or {}).get("status", {}).get(
+            "conditions") or ()}  # fmt: skip
+        return found if conditions.get("Ready") == "True" else None
+
+    def swapnode(self, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.custom.get_cluster_custom_object(
+                GROUP, VERSION, "swapnodes", name
+            )
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return found
+
+    def secret(self, name: str, namespace: str = NAMESPACE) -> Any:
+        try:
+            return self.core.read_namespaced_secret(name, namespace)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+
+async def wait_ready(cluster: Cluster, name: str) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = await until(lambda: cluster.ready(name), f"{name} Ready", 90)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; status: {(cluster.model(name) or {}).get('status')}") from None
+    return found
+
+
+async def classify_through_service(cluster: Cluster, name: str) -> None:
+    """The address and port the EndpointSlice gives, with the Service's Host header: the
+    model answers as the reference computes."""
+    endpoint_slice = cluster.discovery.read_namespaced_endpoint_slice(
+        f"{name}-modelswap", "default"
+    )
+    address = endpoint_slice.endpoints[0].addresses[0]
+    port = endpoint_slice.ports[0].port
+    cluster.core.read_namespaced_service(name, "default")  # the Service exists
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        response = await http.post(
+            f"http://{address}:{port}/v2/models/{name}/infer",
+            json=reference.mlp_infer_body(x),
+            headers={"Host": f"{name}.default.svc"},
+        )
+    assert response.status_code == 200, response.text
+    output = next(o for o in response.json()["outputs"] if o["name"] == "OUTPUT0")
+    expected = reference.mlp_forward(x)
+    assert np.allclose(np.array(output["data"]).reshape(expected.shape), expected, atol=1e-4)
+
+
+def published(cluster: Cluster, unlike: str | None = None) -> dict[str, Any] | None:
+    """The SwapNode's status once it publishes an endpoint and a certificate (other than
+    `unlike`: a restarted agent makes a new key)."""
+    status: dict[str, Any] = (cluster.swapnode(NODE) or {}).get("status") or {}
+    certificate = status.get("certificate")
+    return status if certificate and status.get("endpoint") and certificate != unlike else None
+
+
+async def pin(control: Control, cluster: Cluster, unlike: str | None = None) -> str:
+    """Talk to the node's control API as the operator does: the SwapNode's endpoint and
+    certificate (pinned); answers the certificate."""
+    status = await until(lambda: published(cluster, unlike), "the SwapNode's certificate")
+    await control.switch_to(status["endpoint"], verify=pinned_context(status["certificate"]))
+    certificate: str = status["certificate"]
+    return certificate
+
+
+# -- the node's refusals --------------------------------------------------------------------------
+
+
+def refused(call: Any) -> tuple[int, str]:
+    with pytest.raises(client.ApiException) as raised:
+        call()
+    return raised.value.status, json.loads(raised.value.body)["message"]
+
+
+def by_policy(message: str) -> bool:
+    """The refusal names the chart's admission policy and its message (the policy's
+    `reason: Forbidden` makes it a 403, as the API server does; RBAC's 403s name no policy)."""
+    policy = f"ValidatingAdmissionPolicy '{NODE_OBJECTS}-own-objects'"
+    return policy in message and message.endswith(POLICY_MESSAGE)
+
+
+def node_refusals(cluster: Cluster, node: NodePod) -> None:
+    """With the node's own token: another node's SwapNode (and status) and Lease are refused
+    by the admission policy, a Secret in a user namespace by RBAC (403)."""
+    other_swapnode = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SwapNode",
+                      "metadata": {"name": OTHER_NODE}}  # fmt: skip
+    other_lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": OTHER_NODE, "namespace": NODE_LEASES},
+                   "spec": {"holderIdentity": OTHER_NODE, "leaseDurationSeconds": 4}}  # fmt: skip
+    with api_client(node.kubeconfig) as kube:
+        custom = client.CustomObjectsApi(kube)
+        leases = client.CoordinationV1Api(kube)
+        core = client.CoreV1Api(kube)
+        for call in (
+            lambda: custom.create_cluster_custom_object(
+                GROUP, VERSION, "swapnodes", other_swapnode
+            ),
+            lambda: leases.create_namespaced_lease(NODE_LEASES, other_lease),
+        ):
+            code, message = refused(call)
+            assert (code, by_policy(message)) == (403, True), (code, message)
+        # node-b's own agent would have made these; node-a may not touch them.
+        cluster.custom.create_cluster_custom_object(GROUP, VERSION, "swapnodes", other_swapnode)
+        cluster.coordination.create_namespaced_lease(NODE_LEASES, other_lease)
+        patch = {"metadata": {"labels": {"hijacked": "true"}}}
+        status = {"status": {"agentVersion": "hijacked"}}
+        lease = cluster.coordination.read_namespaced_lease(OTHER_NODE, NODE_LEASES)
+        lease.spec.holder_identity = NODE
+        for call in (
+            lambda: custom.patch_cluster_custom_object(GROUP, VERSION, "swapnodes", OTHER_NODE,
+                                                       patch),
+            lambda: custom.patch_cluster_custom_object_status(GROUP, VERSION, "swapnodes",
+                                                              OTHER_NODE, status),
+            lambda: leases.replace_namespaced_lease(OTHER_NODE, NODE_LEASES, lease),
+        ):  # fmt: skip
+            code, message = refused(call)
+            assert (code, by_policy(message)) == (403, True), (code, message)
+        code, message = refused(lambda: core.read_namespaced_secret(SOURCE_SECRET, "default"))
+        assert (code, by_policy(message)) == (403, False), message  # RBAC's refusal
+    assert (cluster.swapnode(OTHER_NODE) or {}).get("status") is None
+    assert not (cluster.swapnode(OTHER_NODE) or {})["metadata"].get("labels")
+
+
+#: The deliberate refusals above, as the request log shows them.
+DELIBERATE = {
+    ("create", "swapnodes", "", True),
+    ("create", "leases", NODE_LEASES, True),
+    ("patch", "swapnodes", "", True),
+    ("patch", "swapnodes/status", "", True),
+    ("update", "leases", NODE_LEASES, True),
+    ("get", "secrets", "default", False),  # RBAC, not admission
+}
+
+
+def brief(records: list[RequestRecord]) -> list[str]:
+    return [f"{r.user} {r.verb} {r.resource_with_subresource} {r.namespace}/{r.name} -> {r.code}"
+            for r in records]  # fmt: skip
+
+
+def unused(all_grants: list[Grant], records: list[RequestRecord]) -> list[str]:
+    # A get answered 404 used its right; a write the admission policy refused did not.
+    allowed = [r for r in records if r.allowed and r.code not in (401, 403, 422)]
+    return [str(g) for g in all_grants if not any(g.allows(r) for r in allowed)]
+
+
+def unexplained(all_grants: list[Grant], records: list[RequestRecord], users: set[str]) -> list:
+    """Allowed resource requests of the components that no chart rule grants (a right the
+    emulator gives everyone, or a rule the chart is missing)."""
+    return [r for r in records if r.user in users and r.allowed and r.resource
+            and not any(g.allows(r) for g in all_grants)]  # fmt: skip
+
+
+# -- the test -------------------------------------------------------------------------------------
+
+
+async def repairs(
+    cluster: Cluster, node: NodePod, control: Control, operator_pod: OperatorPod
+) -> None:
+    """What restarted components put right, so the rules only repairs use are exercised
+    too: a SwapNode without its ownerReference (as one from an agent that predates them, or
+    a restore from backup, is) gets it back from a restarted agent (patch swapnodes); a
+    Service and an EndpointSlice someone edited are rewritten by a restarted operator
+    (patch services, update endpointslices)."""
+    gateway = node.settings["gateway"]["port"]
+    cluster.custom.patch_cluster_custom_object(
+        GROUP, VERSION, "swapnodes", NODE, {"metadata": {"ownerReferences": None}}
+    )
+    cluster.core.patch_namespaced_service(
+        "classify", "default", {"spec": {"ports": [{"name": "http", "port": 80,
+                                                     "targetPort": 1, "protocol": "TCP"}]}}
+    )  # fmt: skip
+    edited = cluster.discovery.read_namespaced_endpoint_slice("classify-modelswap", "default")
+    edited.ports[0].port = 1
+    cluster.discovery.replace_namespaced_endpoint_slice("classify-modelswap", "default", edited)
+    operator_pod.stop()
+    await node.stop_agent()
+    certificate = await pin(control, cluster)
+    await node.start_agent()  # a supervisor restart: Triton and the models keep serving
+    await pin(control, cluster, unlike=certificate)
+    owner = await until(
+        lambda: (cluster.swapnode(NODE) or {})["metadata"].get("ownerReferences"),
+        "the restarted agent to restore the SwapNode's owner",
+    )
+    node_uid = cluster.core.read_node(NODE).metadata.uid
+    assert [(o["kind"], o["name"], o["uid"]) for o in owner] == [("Node", NODE, node_uid)]
+    operator_pod.start()
+    await until(
+        lambda: (
+            cluster.core.read_namespaced_service("classify", "default").spec.ports[0].target_port
+            == gateway
+            and cluster.discovery.read_namespaced_endpoint_slice("classify-modelswap", "default")
+            .ports[0]
+            .port
+            == gateway
+        ),
+        "the restarted operator to repair classify's Service and EndpointSlice",
+    )
+    await wait_ready(cluster, "classify")
+    await classify_through_service(cluster, "classify")
+
+
+def source_model(url: str) -> dict[str, Any]:
+    """The classify example fetched over http with credentials from a Secret."""
+    body = load_yaml(EXAMPLES / "classify-drop-on-idle.yaml")
+    body["metadata"]["name"] = "fetched"
+    body["spec"]["model"]["name"] = "fetched"
+    body["spec"]["model"]["source"] = {
+        "uri": f"{url}/mlp.tar.gz",
+        "sha256": hashlib.sha256(_Sources.archive).hexdigest(),
+        "credentialsSecretRef": {"name": SOURCE_SECRET},
+    }
+    return body
+
+
+@pytest.mark.timeout(600)
+async def test_helm_install_runs_the_scenario_with_exactly_the_rendered_rights(
+    tmp_path: Path, source_server: str
+) -> None:
+    ports = Ports.pick()
+    with EmulatorThread(tls=True) as api:
+        release: Release = install(api, chart_values(ports), tmp_path)
+        cluster = Cluster(api)
+        kubectl = Kubectl(api.kubeconfig_path, api.home)
+        # What node registration would have made: the Nodes, labelled for the pool.
+        for name in (NODE, OTHER_NODE):
+            api.create({"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "labels": {"modelswap.io/pool": POOL,
+                                         "kubernetes.io/hostname": name}}})  # fmt: skip
+        # The user's credentials for the http source.
+        cluster.core.create_namespaced_secret("default", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SOURCE_SECRET},
+            "data": {"authorization": base64.b64encode(SOURCE_AUTHORIZATION.encode()).decode()},
+        })  # fmt: skip
+        with operator(api, release, tmp_path / "operator") as operator_pod:
+            # The node pods mount the control token Secret, which the operator creates.
+            await until(lambda: cluster.secret("modelswap-control-token"),
+                        "the operator to create the control token Secret")  # fmt: skip
+            async with node_pod(api, release, tmp_path / "node") as node:
+                # The token from the Secret, as the node pod mounts it.
+                control = Control(f"https://{POD_IP}:{ports.control}", node.token)
+                try:
+                    await scenario(cluster, kubectl, node, control, operator_pod, source_server)
+                finally:
+                    await control.close()
+                node_refusals(cluster, node)
+        records = api.request_log()
+        cluster.client.close()
+
+    operator_user = service_account_user(NAMESPACE, f"{OPERATOR}")
+    node_user = service_account_user(NAMESPACE, NODE_OBJECTS)
+    users = {operator_user, node_user}
+    mine = [r for r in records if r.user in users]
+    assert {r.user for r in mine} == users, "both components ran with the chart's accounts"
+    denied = [r for r in mine if not r.allowed or r.code in (401, 403, 422) or r.code >= 500]
+    # Admission refusals pass RBAC (allowed) and are answered 403; RBAC's are not allowed.
+    assert {(r.verb, r.resource_with_subresource, r.namespace, r.allowed) for r in denied} == (
+        DELIBERATE
+    ), brief(denied)
+    assert all(r.code == 403 for r in denied), brief(denied)
+    assert all(r.user == node_user for r in denied), brief(denied)
+    all_grants = grants(release)
+    assert {g.user for g in all_grants} == users
+    never_used = unused(all_grants, records)
+    assert not never_used, "rules no request used:\n" + "\n".join(never_used)
+    assert unexplained(all_grants, records, users) == [], brief(
+        unexplained(all_grants, records, users)
+    )
+
+
+async def scenario(  # noqa: PLR0917 (the world's parts, in one call)
+    cluster: Cluster,
+    kubectl: Kubectl,
+    node: NodePod,
+    control: Control,
+    operator_pod: OperatorPod,
+    source_url: str,
+) -> None:
+    """kubectl apply → Ready → an answer through the Service → repairs after restarts →
+    kubectl delete → gone, and freed on the node."""
+    await pin(control, cluster)
+    kubectl.run("apply", "-f", str(EXAMPLES / "classify-drop-on-idle.yaml"), check=True)
+    cluster.custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "modeldeployments", source_model(source_url)
+    )
+    for name in ("classify", "fetched"):
+        found = await wait_ready(cluster, name)
+        assert found["status"]["node"] == NODE
+        assert found["status"]["endpoint"] == f"{name}.default.svc"
+        await classify_through_service(cluster, name)
+    assert _Sources.authorizations and set(_Sources.authorizations) == {SOURCE_AUTHORIZATION}
+    await repairs(cluster, node, control, operator_pod)
+
+    for name in ("classify", "fetched"):
+        uid = (cluster.model(name) or {})["metadata"]["uid"]
+        assert uid in await control.models()
+        kubectl.run("delete", "md", name, "--wait=false", check=True)
+        await until(lambda n=name: cluster.model(n) is None, f"{name} gone")  # type: ignore[misc]
+        assert uid not in await control.models()
+        # The agent's report (written on change) drops it too.
+        await until(
+            lambda u=uid: u not in json.dumps((cluster.swapnode(NODE) or {}).get("status")),  # type: ignore[misc]
+            f"{name} gone from the SwapNode's report",
+        )
