@@ -1,0 +1,418 @@
+"""What `bench.compare` and `bench.gateway` run against: one modelswap node in local mode
+(`modelswap up`, its public entry point: agent + Triton + gateway, sim GPUs) serving
+ModelDeployments written into a temporary folder, a plain Triton beside it for the
+baselines, and checked calls into the example models (examples/models/reference.py).
+
+Every child runs in its own process group and is stopped as a group; temporary folders
+and Triton's /dev/shm regions are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from examples.models import reference
+from modelswap_sidecar.triton.naming import triton_model_name
+from modelswap_sidecar.triton.process import (
+    TritonPorts,
+    TritonSettings,
+    free_loopback_port,
+    new_shm_prefix,
+    remove_shm_regions,
+    triton_command,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "models"
+TRITONSERVER = ROOT / ".venv-triton" / "bin" / "tritonserver"
+BIG_MODEL = Path(__file__).resolve().parent / "models" / "big" / "model.py"
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One model the benches deploy: its name, example source and region sizes."""
+
+    name: str
+    source: str  # folder under the model root: mlp, tinylm or big
+    weights_bytes: int
+    kv_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes
+
+
+def wait_for(probe: Callable[[], Any], timeout_seconds: float, what: str) -> Any:
+    """Call `probe` until it returns something truthy; fail at the deadline."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- the models -------------------------------------------------------------------------------
+
+
+def make_big_model(root: Path, weights_bytes: int) -> Path:
+    """A python-backend model whose weight file is `weights_bytes` (the MLP's weights tiled:
+    the answers are the MLP's), under `root/big`."""
+    folder = root / "big"
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(BIG_MODEL, folder / "1" / "model.py")
+    data = (EXAMPLES / "mlp" / "1" / "weights.f32").read_bytes()
+    with (folder / "1" / "weights.f32").open("wb") as f:
+        block = reference.tiled(data, 64 * MIB - (64 * MIB) % len(data))
+        written = 0
+        while written < weights_bytes:
+            # each block starts at a multiple of the file's length, so the tiling continues
+            n = min(len(block), weights_bytes - written)
+            f.write(block[:n])
+            written += n
+    config = (EXAMPLES / "mlp" / "config.pbtxt").read_text()
+    config = "\n".join(
+        line
+        for line in config.splitlines()
+        if "weights_file" not in line and "min_weights_bytes" not in line
+    )
+    (folder / "config.pbtxt").write_text(config + "\n")
+    return folder
+
+
+def big_checksum(weights_bytes: int) -> int:
+    """What the big model answers as CHECKSUM: the sampled CRC of its tiled weights."""
+    data = (EXAMPLES / "mlp" / "1" / "weights.f32").read_bytes()
+    page, pages, samples = 4096, weights_bytes // 4096, 64
+    crc = 0
+    for i in range(samples):
+        p = (pages - 1) * i // (samples - 1)
+        start = p * page
+        # bytes [start, start + page) of the tiling: rotate the file to `start`
+        offset = start % len(data)
+        crc = zlib.crc32(reference.tiled(data[offset:] + data[:offset], page), crc)
+    return crc
+
+
+def deployment(case: ModelCase) -> dict[str, Any]:
+    model: dict[str, Any] = {
+        "name": case.name,
+        "runtime": "triton",
+        "source": {"uri": f"/models/{case.source}"},
+        "weightsBytes": str(case.weights_bytes),
+    }
+    spec: dict[str, Any] = {
+        "model": model,
+        # the bench decides every swap: nothing swaps out on its own
+        "swapPolicy": {"idleAfter": "never", "priority": 100, "onSwapOut": "host"},
+    }
+    if case.kv_bytes:
+        model["kvCacheBytes"] = str(case.kv_bytes)
+        spec["kvCache"] = {"offloadAfterTokens": 4096, "hostBytes": "4Mi"}
+    return {
+        "apiVersion": "modelswap.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": case.name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+# -- checked calls ----------------------------------------------------------------------------
+
+MLP_INPUT = reference.mlp_input(7)
+TINYLM_PROMPT = [1, 2, 3, 4]
+
+
+def check_answer(client: httpx.Client, case: ModelCase, triton_name: str) -> None:
+    """One request to `triton_name` (at `client`'s base URL); raise unless the answer is
+    what examples/models/reference.py computes for `case`."""
+    if case.source == "tinylm":
+        url = f"/v2/models/{triton_name}/generate_stream"
+        body = {"PROMPT": TINYLM_PROMPT, "MAX_TOKENS": 1}
+        events = []
+        with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                raise AssertionError(f"{case.name}: {r.status_code} {r.read()!r}")
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+        want = reference.tinylm_generate(TINYLM_PROMPT, 1)[0]
+        got = events[-1] if events else {}
+        checksum = reference.tinylm_checksum(case.weights_bytes)
+        if got.get("TOKEN") != want.token or got.get("CHECKSUM") != checksum:
+            raise AssertionError(f"{case.name}: wrong answer {got}")
+        return
+    r = client.post(f"/v2/models/{triton_name}/infer", json=reference.mlp_infer_body(MLP_INPUT))
+    if r.status_code != 200:
+        raise AssertionError(f"{case.name}: {r.status_code} {r.text}")
+    outputs = {o["name"]: o for o in r.json()["outputs"]}
+    out = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(-1, 8)
+    want_checksum = (
+        big_checksum(case.weights_bytes)
+        if case.source == "big"
+        else reference.mlp_checksum(case.weights_bytes)
+    )
+    if not np.allclose(out, reference.mlp_forward(MLP_INPUT), rtol=1e-4, atol=1e-4):
+        raise AssertionError(f"{case.name}: wrong outputs")
+    if int(outputs["CHECKSUM"]["data"][0]) != want_checksum:
+        raise AssertionError(f"{case.name}: wrong checksum")
+
+
+# -- modelswap up -----------------------------------------------------------------------------
+
+
+@dataclass
+class LocalNode:
+    state: dict[str, Any]
+    token: str
+    uids: dict[str, str]  # deployment name -> uid
+    control: httpx.Client
+    triton: httpx.Client
+    gateway: httpx.Client
+
+    def triton_name(self, name: str) -> str:
+        return triton_model_name(self.uids[name])
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        r = self.control.get("/v1/models")
+        r.raise_for_status()
+        return {m["name"]: m for m in r.json()["models"]}
+
+    def swap(self, name: str, direction: str) -> dict[str, Any]:
+        r = self.control.post(f"/v1/models/{self.uids[name]}/swap-{direction}")
+        r.raise_for_status()
+        found: dict[str, Any] = r.json()
+        return found
+
+    def wait_state(self, name: str, state: str, timeout_seconds: float = 120.0) -> None:
+        wait_for(
+            lambda: self.models().get(name, {}).get("state") == state,
+            timeout_seconds,
+            f"{name} {state}",
+        )
+
+    def metric(self, name: str, labels: dict[str, str]) -> float:
+        """One sample of the agent's /metrics (0 when absent)."""
+        text = httpx.get(self.state["metricsUrl"], trust_env=False, timeout=30).text
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+def _client(base_url: str, token: str = "") -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=base_url, headers=headers, timeout=300, trust_env=False)
+
+
+def _stop_group(proc: subprocess.Popen[bytes], sig: int, timeout_seconds: float) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def local_node(
+    cases: list[ModelCase], workdir: Path, sim_gpu_bytes: int, model_root: Path
+) -> Iterator[LocalNode]:
+    """`modelswap up` serving `cases` (all resident when this yields); stopped with SIGINT
+    (what Ctrl-C does), which removes its shm regions, store and sockets."""
+    folder, run_dir = workdir / "deployments", workdir / "run"
+    folder.mkdir()
+    for case in cases:
+        (folder / f"{case.name}.yaml").write_text(yaml.safe_dump(deployment(case)))
+    command = [
+        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
+        "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0",
+        "--allocator", "sim", "--sim-gpu-bytes", str(sim_gpu_bytes), "--log-level", "warning",
+    ]  # fmt: skip
+    log = (workdir / "up.log").open("wb")
+    up = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+    )
+    clients: list[httpx.Client] = []
+    try:
+
+        def started() -> dict[str, Any] | None:
+            if up.poll() is not None:
+                raise RuntimeError(f"modelswap up exited: {(workdir / 'up.log').read_text()}")
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                found: dict[str, Any] = json.loads((run_dir / "local.json").read_text())
+                return found if found.get("running") else None
+            return None
+
+        state = wait_for(started, 90, "modelswap up")
+        token = Path(state["tokenFile"]).read_text().strip()
+        clients = [
+            _client(state["controlUrl"], token),
+            _client(state["tritonUrl"]),
+            _client(state["gatewayUrl"]),
+        ]
+        node = LocalNode(state, token, {}, *clients)
+
+        def all_resident() -> bool:
+            try:  # local.json is written before the agent listens
+                models = node.models()
+            except httpx.HTTPError:
+                return False
+            return all(models.get(c.name, {}).get("state") == "Resident" for c in cases)
+
+        try:
+            wait_for(all_resident, 180, "every model resident")
+        except TimeoutError:
+            tail = (workdir / "up.log").read_text(errors="replace")[-3000:]
+            raise TimeoutError(f"models not resident: {node.models()}\n{tail}") from None
+        node.uids = {name: m["uid"] for name, m in node.models().items()}
+        yield node
+    finally:
+        for c in clients:
+            c.close()
+        _stop_group(up, signal.SIGINT, 60)
+        log.close()
+
+
+# -- a plain Triton: what users run today -----------------------------------------------------
+
+
+@dataclass
+class PlainTriton:
+    client: httpx.Client
+
+    def load(self, name: str) -> None:
+        r = self.client.post(f"/v2/repository/models/{name}/load")
+        if r.status_code != 200:
+            raise RuntimeError(f"load {name}: {r.status_code} {r.text}")
+
+    def unload(self, name: str) -> None:
+        r = self.client.post(f"/v2/repository/models/{name}/unload")
+        if r.status_code != 200:
+            raise RuntimeError(f"unload {name}: {r.status_code} {r.text}")
+        # the unload call returns before the model's stub is gone: wait until it is
+        wait_for(
+            lambda: (
+                not any(
+                    m.get("name") == name and m.get("state") in ("READY", "UNLOADING")
+                    for m in self.client.post("/v2/repository/index").json()
+                )
+            ),
+            120,
+            f"{name} unloaded",
+        )
+
+
+def _preamble() -> str:
+    import modelswap_client  # noqa: PLC0415 - only to name the real package's folder
+
+    shim = Path(__file__).resolve().parent / "standalone"
+    real = Path(modelswap_client.__file__).resolve().parent
+    # the stub imports modelswap_client from its own path: put the stand-in first
+    return (
+        "import os as _os, sys as _sys\n"
+        f"_os.environ['MODELSWAP_REAL_CLIENT'] = {str(real)!r}\n"
+        f"_sys.path.insert(0, {str(shim)!r})\n"
+        "for _k in [k for k in _sys.modules if k.split('.')[0] == 'modelswap_client']:\n"
+        "    del _sys.modules[_k]\n"
+    )
+
+
+_PREAMBLE = ""
+
+
+@contextlib.contextmanager
+def plain_triton(cases: list[ModelCase], workdir: Path, model_root: Path) -> Iterator[PlainTriton]:
+    """A tritonserver (explicit model control) with `plain-<name>` copies of the models,
+    whose `modelswap_client.client.attach` is the in-process stand-in (bench/standalone):
+    each load reads the weights from the model's files, as without modelswap."""
+    global _PREAMBLE  # noqa: PLW0603 - computed once, at first use
+    _PREAMBLE = _PREAMBLE or _preamble()
+    repo = workdir / "plain-repository"
+    repo.mkdir()
+    for case in cases:
+        folder = repo / f"plain-{case.name}"
+        (folder / "1").mkdir(parents=True)
+        source = model_root / case.source / "1"
+        for item in source.iterdir():
+            if item.name == "model.py":  # the same code behind the stand-in client
+                (folder / "1" / "model.py").write_text(_PREAMBLE + item.read_text())
+            elif item.is_file():
+                (folder / "1" / item.name).symlink_to(item.resolve())
+        config = (model_root / case.source / "config.pbtxt").read_text()
+        params = {"modelswap.weights_bytes": case.weights_bytes, "modelswap.agent_socket": "none"}
+        if case.kv_bytes:
+            params["modelswap.kv_cache_bytes"] = case.kv_bytes
+        config += "".join(
+            f'\nparameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
+            for k, v in params.items()
+        )
+        (folder / "config.pbtxt").write_text(config + "\n")
+    settings = TritonSettings(binary=TRITONSERVER, model_repository=repo)
+    ports = TritonPorts(http=free_loopback_port(), grpc=free_loopback_port(), metrics=None)
+    prefix = new_shm_prefix()
+    log = (workdir / "plain-triton.log").open("wb")
+    proc = subprocess.Popen(
+        triton_command(settings, ports, shm_prefix=prefix),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    client = _client(f"http://127.0.0.1:{ports.http}")
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"plain Triton exited: {(workdir / 'plain-triton.log').read_text()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                return client.get("/v2/health/ready").status_code == 200
+            return False
+
+        wait_for(ready, 60, "plain Triton ready")
+        yield PlainTriton(client)
+    finally:
+        client.close()
+        _stop_group(proc, signal.SIGTERM, 20)
+        log.close()
+        remove_shm_regions(prefix)
+
+
+@contextlib.contextmanager
+def model_root(big_bytes: int) -> Iterator[Path]:
+    """A temporary model root: the example models (linked) and, when `big_bytes`, the
+    generated big model; removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix="modelswap-bench-models-"))
+    try:
+        for name in ("mlp", "tinylm"):
+            (tmp / name).symlink_to(EXAMPLES / name)
+        if big_bytes:
+            make_big_model(tmp, big_bytes)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
