@@ -62,3 +62,13 @@ bench-planner: setup ## the operator's planner: 2,000 models over 100 nodes, col
 .PHONY: sync-crds
 sync-crds: setup ## copy crds/ into the Helm chart as templates (charts/modelswap/templates/crd-*.yaml)
 	$(BIN)/python tools/sync_crds.py
+
+.PHONY: bench-sim
+bench-sim: setup ## modelswap simulate on bench/scenarios/ref-h100.yaml: fewest GPUs per policy for p99 added <= 1 s (a few minutes); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.sim
+	$(BIN)/python -m bench.render
+
+.PHONY: bench-grid
+bench-grid: setup ## the simulator's sensitivity grid: zipf alpha x link x rate around ref-h100 (two processes, ~30 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.sim --grid
+	$(BIN)/python -m bench.render

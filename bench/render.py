@@ -43,6 +43,17 @@ BENCHES: dict[str, tuple[str, str, str]] = {
         "cold, warm re-plan and after 5 nodes are lost",
         "any machine (pure Python, no GPU)",
     ),
+    "sim": (
+        "make bench-sim (python -m bench.sim)",
+        "modelswap simulate on bench/scenarios/ref-h100.yaml: each policy's fewest GPUs "
+        "meeting p99 added latency <= 1 s, against issue 14's target",
+        "any machine (pure Python, no GPU)",
+    ),
+    "sim-grid": (
+        "make bench-grid (python -m bench.sim --grid)",
+        "the simulator's sensitivity grid around ref-h100: zipf alpha x link x rate",
+        "any machine (pure Python, no GPU)",
+    ),
 }
 
 _COLUMNS = {"throughput_bytes_per_second", "ratio_to_ceiling", "ratio_to_sync_baseline"}
@@ -141,8 +152,79 @@ def _planner_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "never served"
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.0f} ms"
+
+
+def _sim_table(doc: dict[str, Any]) -> list[str]:
+    """Each policy's fewest GPUs meeting the target, that run's figures, the verdict."""
+    target = doc.get("target", {})
+    lines = [
+        "| policy | fewest GPUs | p50 added | p99 added | p99 wait | waited | swaps/h | "
+        "GPU-hours | p99 added at each GPU count tried |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["results"]:
+        mt, runs = r["metrics"], r["params"].get("runs", [])
+        curve = ", ".join(f"{c['gpus']}: {_seconds(c['p99_added_seconds'])}" for c in runs)
+        if r["median"] is None:
+            lines.append(f"| {r['name']} | none | | | | | | | {curve} |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['median']:g} | {_seconds(mt['p50_added_seconds'])} | "
+            f"{_seconds(mt['p99_added_seconds'])} | {_seconds(mt['p99_wait_seconds'])} | "
+            f"{mt['waited_share']:.1%} | {mt['swaps_per_hour']:.0f} | {mt['gpu_hours']:.0f} | "
+            f"{curve} |"
+        )
+    v = doc.get("verdict")
+    if v:
+        fewest = v["modelswap_fewest_gpus"]
+        baselines = ", ".join(
+            f"{name} {'none' if n is None else n}" for name, n in v["baselines_fewest_gpus"].items()
+        )
+        lines += [
+            "",
+            f"**Target** (issue 14): p99 added latency <= {target.get('p99_added_seconds', 1):g} s "
+            f"with at most {target.get('max_gpus', 8)} GPUs and fewer GPUs than every baseline. "
+            f"**Measured**: modelswap ({v['modelswap_policy']}) needs "
+            f"{'no count up to the maximum' if fewest is None else fewest} GPUs; baselines: "
+            f"{baselines}. **Verdict: {'met' if v['met'] else 'MISSED'}** "
+            f"(at most {target.get('max_gpus', 8)} GPUs: "
+            f"{'yes' if v['at_most_8_gpus'] else 'no'}; fewer than every baseline: "
+            f"{'yes' if v['fewer_than_every_baseline'] else 'no'}). Why: docs/SIMULATE.md.",
+        ]
+    if doc.get("plot"):
+        lines += ["", f"![p99 added latency against GPUs per policy]({doc['plot']})"]
+    return lines
+
+
+def _sim_grid_table(doc: dict[str, Any]) -> list[str]:
+    """One row per grid cell: every policy's fewest GPUs, and the verdict there."""
+    policies: list[str] = []
+    for r in doc["results"]:
+        policies += [p for p in r["metrics"] if p not in policies]
+    lines = [
+        "| zipf alpha | link | rate | " + " | ".join(policies) + " | target met |",
+        "|---:|---:|---:|" + "---:|" * len(policies) + "---|",
+    ]
+    for r in doc["results"]:
+        p = r["params"]
+        counts = " | ".join(
+            "none" if r["metrics"].get(name) is None else f"{r['metrics'][name]:g}"
+            for name in policies
+        )
+        met = r.get("verdict", {}).get("met")
+        lines.append(
+            f"| {p['zipf_alpha']:g} | {p['host_to_device_gbps']:g} GB/s | "
+            f"{p['mean_rate_per_second']:g}/s | {counts} | {'yes' if met else 'no'} |"
+        )
+    return lines
+
+
 #: benches whose results need their own table; the rest use the swap table
-_TABLES = {"planner": _planner_table}
+_TABLES = {"planner": _planner_table, "sim": _sim_table, "sim-grid": _sim_grid_table}
 
 
 def render_missing(docs: list[dict[str, Any]]) -> list[str]:

@@ -1,0 +1,194 @@
+"""Runs of a scenario: each policy at a GPU count, and the fewest GPUs meeting the target.
+
+The fewest GPUs are found by bisection between a lower bound no policy can beat (the
+trace's mean busy slots over the GPU's slots; the host store's capacity; one GPU) and the
+scenario's `maxGpus` (default: one GPU per model), assuming that more GPUs never make the
+p99 worse. Every run is kept, so the report shows the curve the search walked.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from modelswap_api.policy import EffectivePolicy
+from modelswap_sidecar.policy.kv import host_bytes_needed
+from modelswap_sidecar.simulate.catalogue import resolve_policies
+from modelswap_sidecar.simulate.engine import RunResult, run
+from modelswap_sidecar.simulate.packing import assign
+from modelswap_sidecar.simulate.policies import (
+    Dedicated,
+    LeastRecentlyUsed,
+    Modelswap,
+    SimPolicy,
+)
+from modelswap_sidecar.simulate.report import RunSummary, dense_waits, summarize
+from modelswap_sidecar.simulate.scenario import PolicySpec, Scenario, policy_settings
+from modelswap_sidecar.simulate.traces import Trace
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyOutcome:
+    policy: str
+    kind: str
+    runs: tuple[RunSummary, ...]
+    #: the fewest GPUs whose run met the target (None: none up to maxGpus did)
+    fewest_gpus: int | None
+
+
+def build_policy(spec: PolicySpec, scenario: Scenario) -> SimPolicy:
+    shape = scenario.gpu
+    if spec.kind == "modelswap":
+        return Modelswap(spec.name, shape, policy_settings(spec, shape))
+    if spec.kind == "dedicated":
+        return Dedicated(spec.name, shape)
+    if spec.kind == "keepalive":
+        return LeastRecentlyUsed(
+            spec.name, shape, kind="keepalive", idle_after_seconds=spec.idle_after_seconds
+        )
+    if spec.kind == "lru":
+        return LeastRecentlyUsed(spec.name, shape, kind="lru")
+    return LeastRecentlyUsed(
+        spec.name,
+        shape,
+        kind="sleepwake",
+        warm_bytes_per_second=spec.bytes_per_second,
+        wake_fixed_seconds=spec.wake_fixed_seconds,
+    )
+
+
+class Study:
+    """One scenario and one trace; runs are cheap to ask for, expensive to make."""
+
+    def __init__(self, scenario: Scenario, trace: Trace) -> None:
+        self.scenario = scenario
+        self.trace = trace
+        models = scenario.models
+        loads = [0.0] * len(models)
+        for m, i, o in zip(trace.model_index, trace.input_tokens, trace.output_tokens, strict=True):
+            loads[m] += models[m].service_seconds(i, o)
+        self.loads = loads
+        self.warm_order = sorted(range(len(models)), key=lambda i: (-loads[i], i))
+        busy = sum(loads) / max(trace.duration_seconds, 1e-9)
+        self.compute_bound_gpus = max(1, math.ceil(busy / scenario.gpu.concurrent_requests))
+        self._reference: array[float] | None = None
+        self.reference_summary: RunSummary | None = None
+
+    def reference(self) -> array[float]:
+        """Every request's wait in the dedicated run (one GPU per model): the floor that
+        added latency is measured from. Run once per study."""
+        if self._reference is None:
+            spec = PolicySpec(name="dedicated", kind="dedicated", overrides={}, settings={})
+            result = self.run(spec, len(self.scenario.models))
+            assert result is not None  # one model per GPU always places
+            self._reference = dense_waits(result)
+            self.reference_summary = summarize(result, self.scenario.target_p99_seconds)
+        return self._reference
+
+    def effective(self, spec: PolicySpec) -> tuple[EffectivePolicy, ...]:
+        return resolve_policies(self.scenario.models, spec.overrides)
+
+    def run(self, spec: PolicySpec, gpus: int) -> RunResult | None:
+        """One run on `gpus` GPUs; None when the models cannot be placed on that many."""
+        policy = build_policy(spec, self.scenario)
+        effective = self.effective(spec)
+        models = self.scenario.models
+        if policy.dedicated:
+            assignment: list[int] | None = list(range(len(models)))
+            gpus = len(models)
+        else:
+            host = [
+                _host_bytes(policy, p, m.weights_bytes, m.kv_cache_bytes)
+                for p, m in zip(effective, models, strict=True)
+            ]
+            assignment = assign(
+                [m.hbm_bytes for m in models],
+                host,
+                [p.pinned for p in effective],
+                self.loads,
+                gpus,
+                budget_bytes=policy.budget_bytes,
+                loaded_overhead_bytes=policy.loaded_overhead_bytes(),
+                host_store_bytes=self.scenario.gpu.host_store_bytes,
+            )
+        if assignment is None:
+            return None
+        return run(
+            self.trace, models, effective, policy,
+            assignment=assignment, gpus=gpus, warm_order=self.warm_order,
+        )  # fmt: skip
+
+    def fewest_gpus(
+        self,
+        spec: PolicySpec,
+        progress: Callable[[RunSummary], None] | None = None,
+    ) -> PolicyOutcome:
+        target = self.scenario.target_p99_seconds
+        summaries: dict[int, RunSummary] = {}
+
+        def meets(gpus: int) -> bool:
+            if gpus not in summaries:
+                result = self.run(spec, gpus)
+                if result is None:
+                    return False
+                summary = summarize(result, target, self.reference())
+                summaries[summary.gpus] = summary
+                if progress is not None:
+                    progress(summary)
+                gpus = summary.gpus
+            return summaries[gpus].meets_target
+
+        kind = build_policy(spec, self.scenario)
+        if kind.dedicated:
+            fewest = len(self.scenario.models) if meets(len(self.scenario.models)) else None
+            return PolicyOutcome(
+                policy=spec.name, kind=spec.kind, runs=_ordered(summaries), fewest_gpus=fewest
+            )
+        high = self.scenario.max_gpus
+        low = self._lower_bound(spec) - 1  # fails by construction
+        if low >= high or not meets(high):
+            return PolicyOutcome(
+                policy=spec.name, kind=spec.kind, runs=_ordered(summaries), fewest_gpus=None
+            )
+        while high - low > 1:
+            middle = (low + high) // 2
+            if meets(middle):
+                high = middle
+            else:
+                low = middle
+        return PolicyOutcome(
+            policy=spec.name, kind=spec.kind, runs=_ordered(summaries), fewest_gpus=high
+        )
+
+    def _lower_bound(self, spec: PolicySpec) -> int:
+        policy = build_policy(spec, self.scenario)
+        effective = self.effective(spec)
+        host = sum(
+            _host_bytes(policy, p, m.weights_bytes, m.kv_cache_bytes)
+            for p, m in zip(effective, self.scenario.models, strict=True)
+        )
+        store = self.scenario.gpu.host_store_bytes
+        host_bound = math.ceil(host / store) if store else (1 if host == 0 else 10**9)
+        return max(1, self.compute_bound_gpus, host_bound)
+
+
+def _host_bytes(policy: SimPolicy, effective: EffectivePolicy, weights: int, kv: int) -> int:
+    """Host-store bytes a model takes under `policy`: the agent's own count for
+    modelswap, the weights for sleep/wake, nothing for cold-unloading baselines."""
+    if isinstance(policy, Modelswap):
+        return host_bytes_needed(effective, weights, kv)
+    return weights if policy.keeps_host_copy and not policy.dedicated else 0
+
+
+def _ordered(summaries: dict[int, RunSummary]) -> tuple[RunSummary, ...]:
+    return tuple(summaries[g] for g in sorted(summaries))
+
+
+def outcomes(
+    study: Study,
+    specs: Sequence[PolicySpec],
+    progress: Callable[[RunSummary], None] | None = None,
+) -> list[PolicyOutcome]:
+    return [study.fewest_gpus(spec, progress) for spec in specs]
