@@ -280,7 +280,9 @@ def unused(all_grants: list[Grant], records: list[RequestRecord]) -> list[str]:
     return [str(g) for g in all_grants if not any(g.allows(r) for r in allowed)]
 
 
-def unexplained(all_grants: list[Grant], records: list[RequestRecord], users: set[str]) -> list:
+def unexplained(
+    all_grants: list[Grant], records: list[RequestRecord], users: set[str]
+) -> list[RequestRecord]:
     """Allowed resource requests of the components that no chart rule grants (a right the
     emulator gives everyone, or a rule the chart is missing)."""
     return [r for r in records if r.user in users and r.allowed and r.resource
