@@ -1,0 +1,307 @@
+"""`make bench-gateway`: what the gateway adds in front of Triton, same requests, same run.
+
+One `modelswap up` node (agent with its gateway, Triton, sim GPUs) serving `tiny` (the
+generated MLP model with an 8 MiB region: each answer is cheap, so the gateway's own
+cost is not hidden behind the model's) and measuring, with an asyncio/aiohttp client on
+the same machine:
+
+1. the direct path's saturation: closed loop at 1..64 concurrent requests straight to
+   Triton; the best throughput is the saturation;
+2. added latency: an open-loop Poisson stream at 50% of that saturation in total, each
+   arrival sent at random (seeded) straight to Triton or through the gateway, so both
+   paths see the same load at the same time; p50 and p99 of each and the difference;
+3. throughput at 100 concurrent (closed loop): direct and gateway in alternating windows;
+4. a request-triggered swap-in: `tiny` swapped out (control API), then one request
+   through the gateway; its latency minus the agent's own swap-in duration (its
+   modelswap_swap_in_duration_seconds histogram) minus a resident request's latency
+   through the gateway is the control overhead.
+
+Every answer is checked (MLP outputs; the region's sampled CRC on the swap-in requests).
+Targets: added p50 <= 1 ms and p99 <= 5 ms; gateway throughput >= 0.8 of direct;
+overhead <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from bench import results_schema
+from bench.local_node import (
+    MIB,
+    MLP_INPUT,
+    ModelCase,
+    check_answer,
+    local_node,
+    model_root,
+)
+from examples.models import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ModelCase("tiny", "big", 8 * MIB)
+BODY = json.dumps(reference.mlp_infer_body(MLP_INPUT)).encode()
+EXPECTED = reference.mlp_forward(MLP_INPUT)
+HEADERS = {"Content-Type": "application/json"}
+
+
+async def _one(session: aiohttp.ClientSession, url: str) -> float:
+    """One checked request; its latency in seconds."""
+    started = time.perf_counter()
+    async with session.post(url, data=BODY, headers=HEADERS) as r:
+        raw = await r.read()
+    elapsed = time.perf_counter() - started
+    if r.status != 200:
+        raise AssertionError(f"{url}: {r.status} {raw[:300]!r}")
+    out = next(o for o in json.loads(raw)["outputs"] if o["name"] == "OUTPUT0")
+    if not np.allclose(np.array(out["data"]).reshape(-1, 8), EXPECTED, rtol=1e-4, atol=1e-4):
+        raise AssertionError(f"{url}: wrong answer")
+    return elapsed
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession, url: str, concurrency: int, seconds: float
+) -> tuple[int, float]:
+    """`concurrency` workers back to back for `seconds`: (completed, elapsed seconds)."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await _one(session, url)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done, time.perf_counter() - started
+
+
+async def open_loop(
+    session: aiohttp.ClientSession, urls: dict[str, str], rate: float, seconds: float, seed: int
+) -> dict[str, list[float]]:
+    """Poisson arrivals at `rate` per second in total for `seconds`, each sent to one of
+    `urls` at random; latencies per path. Arrivals do not wait for answers (open loop)."""
+    rng = random.Random(seed)
+    latencies: dict[str, list[float]] = {k: [] for k in urls}
+    tasks: list[asyncio.Task[None]] = []
+
+    async def send(path: str) -> None:
+        latencies[path].append(await _one(session, urls[path]))
+
+    start = time.perf_counter()
+    at = 0.0
+    names = sorted(urls)
+    while at < seconds:
+        at += rng.expovariate(rate)
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(rng.choice(names))))
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    direct = f"{node.state['tritonUrl']}/v2/models/{node.triton_name(TINY.name)}/infer"
+    gateway = f"{node.state['gatewayUrl']}/v2/models/{TINY.name}/infer"
+    urls = {"direct": direct, "gateway": gateway}
+    rows: list[dict[str, Any]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for url in urls.values():  # warm both paths (connections, the gateway's tables)
+            for _ in range(20):
+                await _one(session, url)
+        # 1. saturation of the direct path
+        sat_by_c: dict[int, float] = {}
+        for c in (1, 2, 4, 8, 16, 32, 64):
+            done, elapsed = await closed_loop(session, direct, c, args.window_seconds)
+            sat_by_c[c] = done / elapsed
+        saturation = max(sat_by_c.values())
+        rows.append(
+            results_schema.result(
+                "direct_saturation",
+                {"concurrency": list(sat_by_c), "window_seconds": args.window_seconds},
+                [saturation],
+                unit="requests/s",
+                best_concurrency=float(max(sat_by_c, key=lambda c: sat_by_c[c])),
+                **{f"rps_at_{c}": v for c, v in sat_by_c.items()},
+            )
+        )
+        print(f"direct saturation {saturation:.0f} req/s ({sat_by_c})", flush=True)
+        # 2. open loop at half the saturation, both paths interleaved
+        rate = args.load_fraction * saturation
+        lat = await open_loop(session, urls, rate, args.open_seconds, seed=20260101)
+        p = {k: (_pct(v, 0.5), _pct(v, 0.99)) for k, v in lat.items()}
+        params = {
+            "rate_per_second": rate,
+            "fraction_of_saturation": args.load_fraction,
+            "seconds": args.open_seconds,
+            "requests": {k: len(v) for k, v in lat.items()},
+        }
+        for path in ("direct", "gateway"):
+            rows.append(
+                results_schema.result(
+                    f"latency_{path}",
+                    params,
+                    lat[path],
+                    p50_seconds=p[path][0],
+                    p99_seconds=p[path][1],
+                )
+            )
+        added = results_schema.result(
+            "gateway_added_latency",
+            params,
+            [p["gateway"][0] - p["direct"][0]],
+            p50_added_seconds=p["gateway"][0] - p["direct"][0],
+            p99_added_seconds=p["gateway"][1] - p["direct"][1],
+        )
+        results_schema.target(added, "p50_added_seconds", "<=", 0.001, "gateway added p50 <= 1 ms")
+        results_schema.target(added, "p99_added_seconds", "<=", 0.005, "gateway added p99 <= 5 ms")
+        rows.append(added)
+        print(
+            f"open loop {rate:.0f} req/s: p50 added "
+            f"{added['metrics']['p50_added_seconds'] * 1e3:.2f} ms, p99 added "
+            f"{added['metrics']['p99_added_seconds'] * 1e3:.2f} ms",
+            flush=True,
+        )
+        # 3. throughput at 100 concurrent, alternating windows
+        tput: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.windows):
+            for path in ("direct", "gateway"):
+                done, elapsed = await closed_loop(session, urls[path], 100, args.window_seconds)
+                tput[path].append(done / elapsed)
+        ratio = statistics.median(tput["gateway"]) / statistics.median(tput["direct"])
+        trow = results_schema.result(
+            "throughput_100_concurrent",
+            {"concurrency": 100, "windows": args.windows, "window_seconds": args.window_seconds},
+            tput["gateway"],
+            unit="requests/s",
+            direct_rps=statistics.median(tput["direct"]),
+            gateway_rps=statistics.median(tput["gateway"]),
+            ratio_to_direct=ratio,
+        )
+        results_schema.target(
+            trow,
+            "ratio_to_direct",
+            ">=",
+            0.8,
+            "gateway throughput at 100 concurrent >= 0.8 of direct",
+        )
+        rows.append(trow)
+        print(f"100 concurrent: gateway/direct {ratio:.2f}", flush=True)
+    # 4. request-triggered swap-in (sequential: one request at a time)
+    rows.append(await asyncio.to_thread(_swap_overhead, node, args.swap_reps))
+    return rows, []
+
+
+def _swap_overhead(node: Any, reps: int) -> dict[str, Any]:
+    uid = node.uids[TINY.name]
+    labels = {"uid": uid}
+    client_s: list[float] = []
+    swap_s: list[float] = []
+    resident_s: list[float] = []
+    for _ in range(reps):
+        out = node.swap(TINY.name, "out")
+        if out.get("outcome") != "completed":
+            raise RuntimeError(f"swap-out: {out}")
+        before = node.metric("modelswap_swap_in_duration_seconds_sum", labels)
+        count = node.metric("modelswap_swap_in_duration_seconds_count", labels)
+        started = time.perf_counter()
+        check_answer(node.gateway, TINY, TINY.name)  # routes by the user's name
+        client_s.append(time.perf_counter() - started)
+        if node.metric("modelswap_swap_in_duration_seconds_count", labels) != count + 1:
+            raise RuntimeError("the request did not trigger exactly one swap-in")
+        swap_s.append(node.metric("modelswap_swap_in_duration_seconds_sum", labels) - before)
+        started = time.perf_counter()
+        check_answer(node.gateway, TINY, TINY.name)
+        resident_s.append(time.perf_counter() - started)
+    overhead = [c - s - r for c, s, r in zip(client_s, swap_s, resident_s, strict=True)]
+    row = results_schema.result(
+        "swap_in_control_overhead",
+        {"model_bytes": TINY.total_bytes, "reps": reps},
+        overhead,
+        client_latency_seconds=statistics.median(client_s),
+        swap_in_seconds=statistics.median(swap_s),
+        resident_request_seconds=statistics.median(resident_s),
+        **results_schema.spread(overhead),  # type: ignore[arg-type]
+    )
+    results_schema.target(
+        row, "median", "<=", 0.05, "request-triggered swap-in control overhead <= 50 ms"
+    )
+    print(f"swap-in overhead {row['median'] * 1e3:.1f} ms", flush=True)
+    return row
+
+
+NOTES = [
+    "Model `tiny`: the generated MLP python-backend model with an 8 MiB region (sampled "
+    "CRC, so each answer is cheap and the gateway's cost is not hidden behind the model's). "
+    "Every answer is checked against examples/models/reference.py.",
+    "The load generator (asyncio + aiohttp, one process) runs on the same 2-core machine as "
+    "Triton and the agent: it competes with them for CPU, so saturation is the whole "
+    "machine's, not Triton's alone.",
+    "direct_saturation: closed loop at 1, 2, 4, 8, 16, 32, 64 concurrent straight to Triton, "
+    "one window each; the best throughput.",
+    "latency_direct / latency_gateway / gateway_added_latency: one open-loop Poisson "
+    "stream at load fraction x saturation in total, each arrival sent at random (seeded) to "
+    "Triton or to the gateway, so both see the same load in the same seconds; added = the "
+    "gateway's percentile minus Triton's.",
+    "throughput_100_concurrent: 100 workers back to back, direct and gateway in "
+    "alternating windows; medians of the windows.",
+    "swap_in_control_overhead: the model swapped out (control API, untimed), then one "
+    "request through the gateway: its latency minus the agent's swap-in duration for it "
+    "(modelswap_swap_in_duration_seconds, from the decision until the model serves) minus "
+    "a resident request's latency through the gateway right after.",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--window-seconds", type=float, default=4.0)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--open-seconds", type=float, default=30.0)
+    p.add_argument("--load-fraction", type=float, default=0.5)
+    p.add_argument("--swap-reps", type=int, default=11)
+    p.add_argument("--no-results", action="store_true", help="print only (tests)")
+    args = p.parse_args(argv)
+    load_start = results_schema.load_average()
+    with model_root(0) as root, tempfile.TemporaryDirectory(prefix="modelswap-bench-gw-") as tmp:
+        from bench.local_node import make_big_model  # noqa: PLC0415
+
+        make_big_model(root, TINY.weights_bytes)
+        with local_node([TINY], Path(tmp), 256 * MIB, root) as node:
+            check_answer(node.gateway, TINY, TINY.name)
+            rows, notes = asyncio.run(measure(node, args))
+    if args.no_results:
+        return 0
+    path = results_schema.write(
+        "gateway",
+        "make bench-gateway (python -m bench.gateway)",
+        rows,
+        NOTES + notes,
+        backend="sim",
+        scaled=False,
+        load_average_start=load_start,
+    )
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
