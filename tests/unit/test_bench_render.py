@@ -69,8 +69,15 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     assert "`gpu-swap`" in missing and "`swap-paced`" in missing and "`planner`" in missing
     assert "make bench-planner" in missing
     assert "- `swap` " not in missing
+    simulated = [{**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid")]
     with_gpu = render.render(
-        [doc("swap"), doc("swap-paced", target=2e9), doc("gpu-swap", gpu="h100"), planner_doc()]
+        [
+            doc("swap"),
+            doc("swap-paced", target=2e9),
+            doc("gpu-swap", gpu="h100"),
+            planner_doc(),
+            *simulated,
+        ]
     )
     assert "No GPU results exist yet" not in with_gpu
     assert "Every bench has at least one committed result file." in with_gpu
