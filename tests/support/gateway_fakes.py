@@ -57,6 +57,8 @@ class FakeDirectory:
         self.swap_ins: Counter[str] = Counter()  # ensure_resident calls
         self.completed: Counter[str] = Counter()  # swap-ins that finished
         self.requests: list[tuple[str, float]] = []
+        #: requests admitted and not yet answered, per model
+        self.in_flight: Counter[str] = Counter()
         self.failure: dict[str, Exception] = {}
         #: Run as the swap-in itself (after any hold), e.g. a real Triton load.
         self.action: Callable[[str], Awaitable[None]] | None = None
@@ -113,6 +115,12 @@ class FakeDirectory:
 
     def record_request(self, uid: str, at_seconds: float) -> None:
         self.requests.append((uid, at_seconds))
+
+    def request_started(self, uid: str) -> None:
+        self.in_flight[uid] += 1
+
+    def request_finished(self, uid: str) -> None:
+        self.in_flight[uid] -= 1
 
 
 def refuse(message: str) -> SwapInFailedError:

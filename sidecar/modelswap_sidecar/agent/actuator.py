@@ -5,6 +5,14 @@ swap-in and an unload never overlap; the loops skip a model whose lock is held. 
 come from pure code (`placement.place`, the `Policy`); this module carries them out and
 keeps each record's serving state, counters and times. Engine calls block (threads and
 client round trips), so they run in worker threads.
+
+Swaps are counted where they happen: the engine emits a `SwapEvent` for every swap it
+completes (whoever asked: the policy loop, a manual call, the gateway, a client's own
+swap-in, a victim swapped out to make room), with its real duration, and `_on_swap`
+records it (the record's counters, `minResident`'s clock, the metrics); swaps the engine
+does not do (a drop's unload, a reload) are recorded here. Waiters (admission that must
+wait, the gateway waiting for a load) wait on `changed()`, which every swap, load and
+unload sets.
 """
 
 from __future__ import annotations
@@ -13,10 +21,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from modelswap_api.control import ActionResult
+from modelswap_api.models import Link
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.agent.isolation import each_record
 from modelswap_sidecar.agent.loading import ModelLoader
@@ -25,6 +34,7 @@ from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+from modelswap_sidecar.engine.events import SwapEvent, SwapKind
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.metrics import ModelLabels, NodeMetrics
 from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
@@ -34,9 +44,19 @@ from modelswap_sidecar.policy.inputs import NodeView, Residency
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-#: How long a manual swap-in waits for swap-outs or loads under way before refusing.
+#: How long a swap-in waits for swap-outs or loads under way before refusing.
 ADMISSION_WAIT_SECONDS = 30.0
-_ADMISSION_RETRY_SECONDS = 0.1
+#: The longest a waiter sleeps between looks when nothing is signalled (a safety net: every
+#: swap, load and unload signals `changed`).
+_LOOK_AGAIN_SECONDS = 1.0
+#: A GPU's host-to-device bandwidth for scoring when its link was not measured.
+UNMEASURED_LINK_BYTES_PER_SECOND = 10e9
+
+
+def link_bytes_per_second(link: Link | None) -> float:
+    """The measured host-to-device bandwidth of `link` (GB/s → bytes/s), else the default."""
+    gbps = link.host_to_device_gbps if link is not None else None
+    return gbps * 1e9 if gbps else UNMEASURED_LINK_BYTES_PER_SECOND
 
 
 def labels_of(model: AgentModel) -> ModelLabels:
@@ -52,6 +72,7 @@ class Actuator:
         policy: Policy,
         gpu_uuids: tuple[str, ...],
         metrics: NodeMetrics | None,
+        links: Sequence[Link] = (),
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -65,8 +86,68 @@ class Actuator:
         self.records: dict[str, AgentModel] = {}
         #: Off while fenced: nothing new is loaded or swapped in (set by the assembly).
         self.may_load_new: Callable[[], bool] = lambda: True
+        #: per GPU ordinal: what the policy scores a swap-in's cost with
+        self.link_bytes_per_second = tuple(
+            link_bytes_per_second(links[i] if i < len(links) else None)
+            for i in range(len(gpu_uuids))
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- swap events and waiting -------------------------------------------------------------
+
+    def listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Record the engine's swaps on `loop` (call once, from it)."""
+        self._loop = loop
+        self.engine.subscribe(self._from_engine)
+
+    def _from_engine(self, event: SwapEvent) -> None:
+        """On the engine's thread: hand the event to the loop (before the engine call that
+        made it returns, so its caller resumes with the swap recorded)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._on_swap, event)
+
+    def _on_swap(self, event: SwapEvent) -> None:
+        model = next((m for m in self.records.values() if m.triton_name == event.model), None)
+        if model is not None:
+            each_record([model], "record a swap of", lambda m: self._record_swap(m, event))
+        self.notify()
+
+    def _record_swap(self, model: AgentModel, event: SwapEvent) -> None:
+        gpu = self.gpu_uuids[model.gpu] if model.gpu is not None else None
+        if event.kind is SwapKind.IN:
+            model.swap_ins += 1
+            model.resident_since_seconds = self.clock()
+            if self.metrics is not None and gpu is not None:
+                self.metrics.observe_swap_in(
+                    labels_of(model), gpu, event.seconds, model.weights_bytes
+                )
+            return
+        idle = max(self._idle_seconds(model) - event.seconds, 0.0)  # at the swap's start
+        model.swap_outs += 1
+        model.resident_since_seconds = None
+        if self.metrics is not None and gpu is not None:
+            self.metrics.observe_swap_out(
+                labels_of(model),
+                gpu,
+                reason=event.cause or "Manual",
+                seconds=event.seconds,
+                bytes_moved=0 if event.dropped else model.kv_cache_bytes,
+                idle_seconds=idle,
+            )
+
+    def notify(self) -> None:
+        """Something waiters may wait for happened (a swap, a load, an unload)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, timeout_seconds: float) -> None:
+        """Return at the next `notify`, or after `timeout_seconds` (at most a second)."""
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), min(timeout_seconds, _LOOK_AGAIN_SECONDS))
 
     # -- what the decisions read -------------------------------------------------------------
 
@@ -81,7 +162,12 @@ class Actuator:
 
     def gpu_budgets(self) -> list[GpuBudget]:
         return [
-            GpuBudget(ordinal=i, uuid=u, budget_bytes=self.engine.budget(i).budget_bytes)
+            GpuBudget(
+                ordinal=i,
+                uuid=u,
+                budget_bytes=self.engine.budget(i).budget_bytes,
+                host_to_device_bytes_per_second=self.link_bytes_per_second[i],
+            )
             for i, u in enumerate(self.gpu_uuids)
         ]
 
@@ -148,6 +234,12 @@ class Actuator:
             await self._load_locked(model)
 
     async def _load_locked(self, model: AgentModel) -> None:
+        try:
+            await self._load_unnotified(model)
+        finally:
+            self.notify()
+
+    async def _load_unnotified(self, model: AgentModel) -> None:
         started = self.clock()
         try:
             await self.loader.load(model)
@@ -215,33 +307,32 @@ class Actuator:
         if model.serving is not Serving.LOADED:
             return ActionResult(uid=model.uid, outcome="unchanged", reason=str(model.serving))
         idle = self._idle_seconds(model)
-        started = self.clock()
-        if model.drops:
+        if model.drops:  # not the engine's swap: recorded here
+            started = self.clock()
             await self.loader.unload(model, release_source=False)
             model.serving = Serving.DROPPED
-            model.resident_since_seconds = None
+            self._record_swap(
+                model,
+                SwapEvent(
+                    model=model.triton_name,
+                    kind=SwapKind.OUT,
+                    seconds=self.clock() - started,
+                    cause=reason,
+                    dropped=True,
+                ),
+            )
+            self.notify()
         else:
             if self.engine_state(model) is not EngineState.RESIDENT:
                 return ActionResult(
                     uid=model.uid, outcome="unchanged", reason=str(self.engine_state(model))
                 )
-            try:
+            try:  # recorded by `_on_swap` before this returns
                 await asyncio.to_thread(self.engine.swap_out, model.triton_name, reason)
             except EngineError as e:
                 return ActionResult(
                     uid=model.uid, outcome="refused", reason=type(e).__name__, message=str(e)
                 )
-            model.resident_since_seconds = None
-        model.swap_outs += 1
-        if self.metrics is not None and model.gpu is not None:
-            self.metrics.observe_swap_out(
-                labels_of(model),
-                self.gpu_uuids[model.gpu],
-                reason=reason,
-                seconds=self.clock() - started,
-                bytes_moved=0 if model.drops else model.kv_cache_bytes,
-                idle_seconds=idle,
-            )
         log.info("model %s swapped out (%s, idle %.1f s)", model.uid, reason, idle)
         return ActionResult(uid=model.uid, outcome="completed", reason="SwappedOut")
 
@@ -266,7 +357,7 @@ class Actuator:
             admission = self.policy.admit(self.view(), model.uid)
             if admission.outcome is not AdmissionOutcome.WAIT or self.clock() >= deadline:
                 break
-            await asyncio.sleep(_ADMISSION_RETRY_SECONDS)
+            await self.changed(deadline - self.clock())  # a swap-out or load finished
         if admission.reason == "AlreadyResident":
             return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
         if admission.outcome is not AdmissionOutcome.ADMIT:
@@ -278,30 +369,27 @@ class Actuator:
             )
         for victim in admission.victims:
             await self.swap_out_uid(victim.uid, reason=str(victim.reason))
-        started = self.clock()
-        if model.serving is Serving.DROPPED:
+        if model.serving is Serving.DROPPED:  # a reload, not the engine's swap: recorded here
+            started = self.clock()
             model.serving = Serving.LOADING
             await self._load_locked(model)
             if model.serving is not Serving.LOADED:
                 return ActionResult(
                     uid=model.uid, outcome="refused", reason=model.reason, message=model.message
                 )
+            self._record_swap(
+                model,
+                SwapEvent(
+                    model=model.triton_name, kind=SwapKind.IN, seconds=self.clock() - started
+                ),
+            )
         else:
-            try:
+            try:  # recorded by `_on_swap` before this returns
                 await asyncio.to_thread(self.engine.swap_in, model.triton_name)
             except EngineError as e:
                 return ActionResult(
                     uid=model.uid, outcome="refused", reason=type(e).__name__, message=str(e)
                 )
-            model.resident_since_seconds = self.clock()
-        model.swap_ins += 1
-        if self.metrics is not None and model.gpu is not None:
-            self.metrics.observe_swap_in(
-                labels_of(model),
-                self.gpu_uuids[model.gpu],
-                self.clock() - started,
-                model.weights_bytes,
-            )
         return ActionResult(uid=model.uid, outcome="completed", reason="SwappedIn")
 
     # -- unloading ---------------------------------------------------------------------------
@@ -323,6 +411,7 @@ class Actuator:
             model.reason = "Unloaded"
             model.message = "missing from the desired set; host-store bytes kept"
             model.resident_since_seconds = None
+        self.notify()
 
     async def forget(self, model: AgentModel) -> None:
         """Unload and delete everything held for the model, host-store bytes included."""

@@ -204,7 +204,9 @@ async def assembled(
         policy=policy,
         gpu_uuids=inventory.uuids,
         metrics=metrics,
+        links=links,
     )
+    actuator.listen(asyncio.get_running_loop())
     actuator.set_retry_seconds(settings.policy.retry_failed_seconds)
     holder["actuator"] = actuator
     backend = AgentBackend(
@@ -306,12 +308,14 @@ async def adopt(agent: Agent) -> int:
                 model.resident_since_seconds = time.monotonic()
                 model.reason, model.message = "Adopted", ""
                 waiting.remove(model)
+                agent.actuator.notify()
         if not waiting or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
     for model in waiting:  # no client came back: load it again (restored from the store)
         log.warning("model %s: no client readopted it; loading it again", model.uid)
         model.serving = Serving.PENDING
+    agent.actuator.notify()
     return len(adopted) - len(waiting)
 
 

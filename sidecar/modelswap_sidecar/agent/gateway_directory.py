@@ -13,12 +13,12 @@ residency from the engine, swap-ins through the actuator, request times for the 
   with the policy loop and manual swaps. A refusal raises `SwapInFailedError` with the
   actuator's reason.
 - `record_request`: the model's last-request times (monotonic and wall), which the policy
-  loop's idle rule reads.
+  loop's idle rule reads; `request_started`/`request_finished`: its requests in flight,
+  which the policy reads too (a model with requests in flight is not a victim).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -36,8 +36,6 @@ from modelswap_sidecar.triton.errors import ModelConfigInvalid
 
 log = logging.getLogger(__name__)
 
-#: How often `ensure_resident` looks again at a model that is still loading.
-LOAD_POLL_SECONDS = 0.05
 #: Serving states a request can wait out; any other (pending, deferred, failed, unloaded)
 #: is refused at once with the agent's reason.
 _WAITABLE = (Serving.LOADING,)
@@ -162,10 +160,9 @@ class AgentDirectory:
 
     async def _wait_loaded(self, model: AgentModel) -> None:
         deadline = self.clock() + self.load_wait_seconds
-        while True:  # loads finish in the actuator's own task; nothing to await here
-            if model.serving not in _WAITABLE or self.clock() >= deadline:
-                break
-            await asyncio.sleep(LOAD_POLL_SECONDS)
+        # loads finish in the actuator's own task, which signals `changed` when they end
+        while model.serving in _WAITABLE and self.clock() < deadline:
+            await self.actuator.changed(deadline - self.clock())
         if model.serving not in _SWAPPABLE:
             detail = f": {model.reason} {model.message}".rstrip() if model.reason else ""
             raise SwapInFailedError(
@@ -182,3 +179,13 @@ class AgentDirectory:
         now, wall = self.clock(), self.wall_clock()
         model.last_request_wall_seconds = at_seconds
         model.last_request_seconds = now - max(wall - at_seconds, 0.0)
+
+    def request_started(self, uid: str) -> None:
+        model = self.actuator.records.get(uid)
+        if model is not None:
+            model.active_requests += 1
+
+    def request_finished(self, uid: str) -> None:
+        model = self.actuator.records.get(uid)
+        if model is not None:
+            model.active_requests = max(model.active_requests - 1, 0)

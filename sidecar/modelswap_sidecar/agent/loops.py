@@ -3,12 +3,12 @@
 Policy loop (every `interval_seconds`):
 1. read Triton's statistics: a model's `last_inference` is its last request (traffic that
    bypasses the gateway counts too);
-2. note engine state changes: when a model became resident (for `minResident`), and swaps
-   the engine did by itself (a request-driven swap-in, an eviction to make room) for the
-   metrics;
-3. ask the policy for swap-outs (idle past `idleAfter`, relief above the high watermark;
+2. ask the policy for swap-outs (idle past `idleAfter`, relief above the high watermark;
    never a pinned model) and start them;
-4. place and load what waits (pending, deferred, failed and due for a retry).
+3. place and load what waits (pending, deferred, failed and due for a retry).
+
+Swaps are recorded where they happen (`Actuator._on_swap`, from the engine's events), not
+here.
 
 Runtime watch (same interval): the current Triton's pid (from the pid source). A new pid
 means Triton restarted (readiness cannot say so: with `--strict-readiness` the server is
@@ -24,11 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from modelswap_sidecar.agent.actuator import Actuator, labels_of
-from modelswap_sidecar.agent.isolation import each_record
-from modelswap_sidecar.agent.records import AgentModel, Serving
-from modelswap_sidecar.engine.core import ModelStatus
-from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.agent.actuator import Actuator
 from modelswap_sidecar.metrics import NodeMetrics
 from modelswap_sidecar.triton.driver import ModelStatistics, TritonDriver
 from modelswap_sidecar.triton.errors import TritonError
@@ -68,7 +64,6 @@ class PolicyLoop:
             log.debug("no Triton statistics this tick: %s", e)
             stats = {}
         self.observe_requests(stats)
-        self.observe_engine()
         act = self.actuator
         for decision in act.policy.swap_outs(act.view()):
             model = act.records.get(decision.uid)
@@ -95,46 +90,6 @@ class PolicyLoop:
             self._last_inference[uid] = last
             model.last_request_wall_seconds = last
             model.last_request_seconds = now - max(wall - last, 0.0)
-
-    def observe_engine(self) -> None:
-        """Per model (one at a time: a fault stays that model's, `isolation`)."""
-        states = {s.name: s for s in self.actuator.engine.statuses()}
-        now = self.actuator.clock()
-        each_record(
-            self.actuator.records.values(),
-            "observe the engine state of",
-            lambda model: self._observe(model, states, now),
-        )
-
-    def _observe(self, model: AgentModel, states: dict[str, ModelStatus], now: float) -> None:
-        act = self.actuator
-        status = states.get(model.triton_name)
-        if status is None or model.serving is not Serving.LOADED:
-            return
-        if status.state is EngineState.RESIDENT and model.engine_state != status.state:
-            model.resident_since_seconds = now
-        model.engine_state = str(status.state)
-        # swaps the engine did by itself (request-driven swap-ins, make-room evictions)
-        if status.swap_ins > model.swap_ins:
-            if self.metrics is not None and model.gpu is not None:
-                self.metrics.observe_swap_in(
-                    labels_of(model),
-                    act.gpu_uuids[model.gpu],
-                    status.last_swap_in_seconds,
-                    model.weights_bytes,
-                )
-            model.swap_ins = status.swap_ins
-        if status.swap_outs > model.swap_outs:
-            if self.metrics is not None and model.gpu is not None:
-                self.metrics.observe_swap_out(
-                    labels_of(model),
-                    act.gpu_uuids[model.gpu],
-                    reason="MakeRoom",
-                    seconds=0.0,
-                    bytes_moved=0,
-                    idle_seconds=0.0,
-                )
-            model.swap_outs = status.swap_outs
 
 
 class RuntimeWatch:

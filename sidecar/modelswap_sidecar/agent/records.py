@@ -50,11 +50,12 @@ class AgentModel:
     resident_since_seconds: float | None = None
     #: Last request seen (monotonic seconds): Triton's `last_inference`, or a swap-in.
     last_request_seconds: float | None = None
+    #: Gateway requests admitted and not yet answered (the policy spares a busy victim).
+    active_requests: int = 0
     last_request_wall_seconds: float | None = None
     failed_at_seconds: float | None = None
     failed_generation: int | None = None
-    #: The engine state seen by the last policy tick (resident-since bookkeeping).
-    engine_state: str = ""
+    #: Swaps recorded at the source (`Actuator._on_swap`), as counted in the metrics.
     swap_ins: int = 0
     swap_outs: int = 0
     #: Work on this record that raised unexpectedly, by what it was (`isolation`): while

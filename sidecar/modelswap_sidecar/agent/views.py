@@ -23,6 +23,7 @@ class GpuBudget:
     ordinal: int
     uuid: str
     budget_bytes: int
+    #: the GPU's measured link (`Actuator.link_bytes_per_second`)
     host_to_device_bytes_per_second: float = 10e9
 
 
@@ -56,6 +57,7 @@ def model_view(
         policy=model.policy,
         resident_since_seconds=since,
         last_request_seconds=model.last_request_seconds,
+        active_requests=model.active_requests,
     )
 
 

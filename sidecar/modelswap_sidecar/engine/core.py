@@ -21,6 +21,7 @@ from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.engine.budget import HbmBudget
 from modelswap_sidecar.engine.clients import Clients
 from modelswap_sidecar.engine.errors import EngineError
+from modelswap_sidecar.engine.events import SwapListener
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelRecord
 from modelswap_sidecar.engine.settings import CHECKPOINTS, EngineSettings, no_checkpoint
@@ -65,6 +66,7 @@ class Engine(Clients):
         self._recovered = threading.Event()
         self._recovered.set()
         self._recovery_waiters = 0
+        self._swap_listeners: list[SwapListener] = []
         self.swapper = Swapper(self)
         self._stop = threading.Event()
         self._monitor = threading.Thread(

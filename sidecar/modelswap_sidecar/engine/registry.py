@@ -14,6 +14,7 @@ from collections.abc import Callable
 from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.engine.budget import BudgetView, HbmBudget
 from modelswap_sidecar.engine.errors import UnknownModel, WrongState
+from modelswap_sidecar.engine.events import SwapEvent, SwapListener
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig, ModelRecord, to_doc
 from modelswap_sidecar.engine.settings import EngineSettings
@@ -41,6 +42,7 @@ class Registry:
     _gpu_locks: dict[int, threading.Lock]
     _recovered: threading.Event
     _recovery_waiters: int
+    _swap_listeners: list[SwapListener]
     _stop: threading.Event
     _monitor: threading.Thread
 
@@ -93,6 +95,19 @@ class Registry:
             os.close(fd)
         except OSError:
             log.warning("closing fd %d failed", fd)
+
+    # -- swap events ---------------------------------------------------------------------
+
+    def subscribe(self, listener: SwapListener) -> None:
+        """Call `listener` with every completed swap (from the thread that did it)."""
+        self._swap_listeners.append(listener)
+
+    def emit(self, event: SwapEvent) -> None:
+        for listener in list(self._swap_listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("swap listener failed on %s", event)
 
     # -- status --------------------------------------------------------------------------
 

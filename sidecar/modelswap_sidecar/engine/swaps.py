@@ -35,6 +35,7 @@ from modelswap_sidecar.engine.errors import (
     NoCapacity,
     WrongState,
 )
+from modelswap_sidecar.engine.events import MAKE_ROOM, SwapEvent, SwapKind
 from modelswap_sidecar.engine.hoststore import Staging
 from modelswap_sidecar.engine.records import (
     CopyReport,
@@ -198,7 +199,7 @@ class Swapper:
             with v.lock:
                 if v.state is S.RESIDENT:
                     try:
-                        self.swap_out_locked(v, reason=f"making room for {m.name}")
+                        self.swap_out_locked(v, reason=f"making room for {m.name}", cause=MAKE_ROOM)
                     except ClientFailed as ex:
                         log.info("victim %s could not be swapped out: %s", v.name, ex)
         if need_bytes > budget.view().available_bytes:
@@ -206,7 +207,8 @@ class Swapper:
 
     # -- swap-out ------------------------------------------------------------------------
 
-    def swap_out_locked(self, m: ModelRecord, reason: str = "") -> None:
+    def swap_out_locked(self, m: ModelRecord, reason: str = "", cause: str = "") -> None:
+        """`cause`: the swap-out's cause in its `SwapEvent` (default: `reason`)."""
         e = self.engine
         if m.state is S.SWAPPED_OUT:
             return
@@ -293,6 +295,15 @@ class Swapper:
             e.set_state(m, S.DROPPED, reason or "dropped (onSwapOut: drop)")
         else:
             e.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
+        e.emit(
+            SwapEvent(
+                model=m.name,
+                kind=SwapKind.OUT,
+                seconds=m.last_swap_out_seconds,
+                cause=cause or reason,
+                dropped=drop,
+            )
+        )
 
     def _drop_gone(self, m: ModelRecord, failed: list[tuple[InstanceRecord, str]]) -> None:
         """Instances whose process died mid-operation leave it; the rest decide the outcome."""
@@ -337,6 +348,7 @@ class Swapper:
         # mapped, which is all a restarted agent needs (it resolves RESIDENT from readopt);
         # the next write records RESIDENT and the swap-in count
         e.set_state(m, S.RESIDENT, "swapped in", persist=False)
+        e.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=m.last_swap_in_seconds))
 
     def reload_locked(self, m: ModelRecord) -> None:
         """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads

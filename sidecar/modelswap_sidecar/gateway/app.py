@@ -26,7 +26,7 @@ from modelswap_sidecar.gateway import openai, openai_handlers, v2
 from modelswap_sidecar.gateway.context import GATEWAY, Gateway
 from modelswap_sidecar.gateway.directory import ModelDirectory
 from modelswap_sidecar.gateway.errors import AmbiguousModelError, GatewayError
-from modelswap_sidecar.gateway.exchange import CODE, FLAVOUR, ROUTE
+from modelswap_sidecar.gateway.exchange import CODE, FLAVOUR, IN_FLIGHT, ROUTE
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings
@@ -144,6 +144,9 @@ async def _observe(request: web.Request, handler: Handler) -> web.StreamResponse
     finally:
         gateway.metrics.in_flight.dec()
         gateway.metrics.answered(request.get(ROUTE), code)
+        admitted = request.get(IN_FLIGHT)
+        if admitted is not None:
+            gateway.directory.request_finished(admitted)
 
 
 def _http_error(e: web.HTTPException) -> GatewayError:

@@ -61,3 +61,12 @@ class ModelDirectory(Protocol):
         """A request for the model arrived (or a stream ended) at `at_seconds` (epoch), for
         the idle policy."""
         ...
+
+    def request_started(self, uid: str) -> None:
+        """A request for the model was admitted (it serves it now): one more in flight,
+        which the policy reads (a model with requests in flight is not a victim)."""
+        ...
+
+    def request_finished(self, uid: str) -> None:
+        """A request `request_started` counted was answered (or its client went away)."""
+        ...

@@ -41,6 +41,8 @@ QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
 ROUTE = web.RequestKey("gateway_route", ModelRoute)
 CODE = web.RequestKey("gateway_code", int)
 FLAVOUR = web.RequestKey("gateway_flavour", str)
+#: The uid of the model a request was admitted to (counted in flight until answered).
+IN_FLIGHT = web.RequestKey("gateway_in_flight", str)
 
 
 def wants_progress(request: web.Request, *, streaming: bool) -> bool:
@@ -91,12 +93,19 @@ class Exchange:
     def record(self) -> None:
         self.gw.directory.record_request(self.route.uid, self.gw.clock())
 
+    def _in_flight(self) -> None:
+        """Count the request in flight once it is admitted (`app._observe` ends it)."""
+        if IN_FLIGHT not in self.request:
+            self.request[IN_FLIGHT] = self.route.uid
+            self.gw.directory.request_started(self.route.uid)
+
     async def admit(self) -> None:
         """Return once the model serves: at once when resident, else after its swap-in.
         Raises QueueFullError before anything is sent; later errors too, unless a progress
         stream is open (then `fail` reports them in it)."""
         ticket = self.gw.queues.enter(self.route)
         if ticket is None:
+            self._in_flight()
             if self.progress:
                 await self.stream()
             return
@@ -106,6 +115,7 @@ class Exchange:
                 await self.stream()
             if self._stream is None:
                 await ticket.wait()
+                self._in_flight()
                 return
             interval = self.gw.settings.progress_interval_seconds
             await self._comment(f"swap-in queued position={ticket.position}")
@@ -115,6 +125,7 @@ class Exchange:
                 await self._comment(
                     f"swap-in {state} waited={waited:.1f}s position={ticket.position}"
                 )
+            self._in_flight()
             await self._comment(f"swap-in done waited={self.gw.queues.now() - started:.1f}s")
         finally:
             ticket.close()
