@@ -49,9 +49,10 @@ clean: ## remove the virtualenv and caches
 .PHONY: bench-swap
 # the paced run's emulated link (GB/s): below this machine's ~7-17 GB/s copy ceiling
 BENCH_PACE_GBPS ?= 2
-bench-swap: setup ## swap-in/out vs the copy ceiling (sim), then a run paced to BENCH_PACE_GBPS=2 (bench.swap --pace-gbps, reported as scaled); writes bench/results, docs/BENCHMARKS.md
+bench-swap: setup ## swap-in/out vs the same-run copy ceiling (sim), a run paced to BENCH_PACE_GBPS=2 (scaled), and bench.compare (vs Triton unload+load); writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.swap
 	$(BIN)/python -m bench.swap --pace-gbps $(BENCH_PACE_GBPS)
+	$(BIN)/python -m bench.compare
 	$(BIN)/python -m bench.render
 
 .PHONY: bench-planner
@@ -72,3 +73,19 @@ bench-sim: setup ## modelswap simulate on bench/scenarios/ref-h100.yaml: fewest 
 bench-grid: setup ## the simulator's sensitivity grid: zipf alpha x link x rate around ref-h100 (two processes, ~30 min); writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.sim --grid
 	$(BIN)/python -m bench.render
+
+.PHONY: bench-compare bench-gateway bench-operator bench
+bench-compare: setup ## (also part of bench-swap) swap-in to first correct answer vs Triton unload+load vs one-at-a-time restore (mlp, tinylm, a generated 1 GiB model; ~3 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.compare
+	$(BIN)/python -m bench.render
+
+bench-gateway: setup ## gateway vs straight to Triton: added p50/p99 at half saturation, 100-concurrent throughput, swap-in control overhead (~3 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.render
+
+bench-operator: setup ## the real operator, 2,000 ModelDeployments over 100 fake agents on the API emulator (~5 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.operator_scale
+	$(BIN)/python -m bench.render
+
+# every bench but the simulator's 30-minute grid (make bench-grid), under 30 minutes here
+bench: bench-swap bench-gateway bench-operator bench-planner bench-sim ## run every bench (not bench-grid) and render docs/BENCHMARKS.md

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import mmap
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-mib", type=int, default=1024, help="the generated model (0: none)")
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     args = p.parse_args(argv)
+    # SIGTERM (make, timeout) unwinds through the context managers that stop the children
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load_start = results_schema.load_average()
     rows, notes = run(args.reps, args.big_mib * MIB)
     if args.no_results:

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-reps", type=int, default=11)
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     args = p.parse_args(argv)
+    # SIGTERM (make, timeout) unwinds through the context managers that stop the children
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load_start = results_schema.load_average()
     with model_root(0) as root, tempfile.TemporaryDirectory(prefix="modelswap-bench-gw-") as tmp:
         from bench.local_node import make_big_model  # noqa: PLC0415

@@ -96,9 +96,10 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
         f"- {backend}; commit `{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
         "",
     ]
+    lines += _load_lines(doc)
     lines += [f"- {n}" for n in doc["notes"]]
     table = _TABLES.get(doc["bench"], _swap_table)
-    return [*lines, "", *table(doc), ""]
+    return [*lines, "", *table(doc), "", *_target_lines(doc)]
 
 
 def _swap_table(doc: dict[str, Any]) -> list[str]:
@@ -120,7 +121,7 @@ def _swap_table(doc: dict[str, Any]) -> list[str]:
             row += "| "
         row += f"{mt['ratio_to_sync_baseline']:.2f} |" if "ratio_to_sync_baseline" in mt else "|"
         other = [
-            f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else f'{v:.2f}'}"
+            f"{k} {_fmt(v, 'seconds') if k.endswith('_seconds') else _other(k, v)}"
             for k, v in mt.items()
             if k not in _COLUMNS
         ]
@@ -129,6 +130,10 @@ def _swap_table(doc: dict[str, Any]) -> list[str]:
 
 
 _PLANNER_COUNTS = ("placed", "unplaced", "kept", "moved", "gpus_used")
+
+
+def _other(key: str, value: float) -> str:
+    return _gbps(value) if key.endswith("_bytes_per_second") else f"{value:.2f}"
 
 
 def _planner_table(doc: dict[str, Any]) -> list[str]:
@@ -227,6 +232,48 @@ def _sim_grid_table(doc: dict[str, Any]) -> list[str]:
 _TABLES = {"planner": _planner_table, "sim": _sim_table, "sim-grid": _sim_grid_table}
 
 
+def _load_lines(doc: dict[str, Any]) -> list[str]:
+    """The machine's load average when the bench started and ended, and a warning when it
+    was high (a shared machine: the figures then carry the other work's noise)."""
+    load = doc.get("load_average")
+    if not load:
+        return []
+    cpus = doc["machine"].get("cpus") or 1
+    start, end = load.get("start") or [0.0], load.get("end") or [0.0]
+    line = (
+        f"- Load average (1/5/15 min) at start {', '.join(f'{x:.2f}' for x in start)}; "
+        f"at end {', '.join(f'{x:.2f}' for x in end)} ({cpus} CPUs)"
+    )
+    if max(start[0], end[0]) > 0.5 * cpus:
+        line += (
+            f". **The machine was busy** (1-minute load above {0.5 * cpus:g}): other work "
+            "shared its CPUs during this run, so these figures are noisier and likely slower "
+            "than on an idle machine."
+        )
+    return [line]
+
+
+def _target_lines(doc: dict[str, Any]) -> list[str]:
+    """Every target a result carries, with the measured value and the computed verdict."""
+    targets = [t for r in doc["results"] for t in r.get("targets", ())]
+    if not targets:
+        return []
+    lines = ["| target | measured | verdict |", "|---|---:|---|"]
+    for t in targets:
+        lines.append(
+            f"| {t['what']} ({t['metric']} {t['op']} {_fmt_value(t['goal'], t['metric'])}) | "
+            f"{_fmt_value(t['measured'], t['metric'])} | "
+            f"{'met' if t['verdict'] == 'met' else '**MISSED**'} |"
+        )
+    return [*lines, ""]
+
+
+def _fmt_value(value: float, metric: str) -> str:
+    if metric.endswith("_seconds") or metric == "median":
+        return f"{value * 1e3:.2f} ms" if abs(value) < 1 else f"{value:.1f} s"
+    return f"{value:.2f}"
+
+
 def render_missing(docs: list[dict[str, Any]]) -> list[str]:
     """Benches with no committed result, and whether any result comes from a GPU."""
     have = {d["bench"] for d in docs}
@@ -250,6 +297,95 @@ def render_missing(docs: list[dict[str, Any]]) -> list[str]:
     else:
         lines.append("Every bench has at least one committed result file.")
     return [*lines, ""]
+
+
+# -- compare, gateway, operator (bench/compare.py, bench/gateway.py, bench/operator_scale.py) --
+
+BENCHES.update(
+    {
+        "compare": (
+            "make bench-compare (python -m bench.compare)",
+            "swap-in to the first correct answer vs Triton unload+load and a "
+            "one-allocation-at-a-time restore, example models and a generated 1 GiB model",
+            "any Linux machine with `make setup` (Triton)",
+        ),
+        "gateway": (
+            "make bench-gateway (python -m bench.gateway)",
+            "latency the gateway adds at half the direct path's saturation, throughput at 100 "
+            "concurrent, control overhead of a request-triggered swap-in",
+            "any Linux machine with `make setup` (Triton)",
+        ),
+        "operator": (
+            "make bench-operator (python -m bench.operator_scale)",
+            "the real operator over 2,000 ModelDeployments and 100 fake agents on the API "
+            "emulator: time to all Ready, planner time, steady-state writes, CPU and memory",
+            "any Linux machine with `make setup`",
+        ),
+    }
+)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 10 else f"{seconds:.1f} s"
+
+
+def _compare_table(doc: dict[str, Any]) -> list[str]:
+    """One row per model: the three paths to the first correct answer and the speedups."""
+    by_model: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in doc["results"]:
+        by_model.setdefault(r["params"]["model"], {})[r["name"]] = r
+    lines = [
+        "| model | bytes | modelswap swap-in to answer | (swap-in call) | Triton unload+load "
+        "to answer | one-at-a-time to answer (composite) | x faster than unload+load "
+        "| x faster than one-at-a-time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model, rows in by_model.items():
+        swap = rows["modelswap_swap_in_to_answer"]
+        mt = swap["metrics"]
+        cold = rows["triton_unload_load_to_answer"]
+        sync = rows["one_at_a_time_to_answer"]
+        lines.append(
+            f"| {model} | {swap['params']['model_bytes'] / 2**20:.0f} MiB | "
+            f"{_ms(swap['median'])} | {_ms(mt['swap_in_call_seconds'])} | "
+            f"{_ms(cold['median'])} | {_ms(sync['median'])} | "
+            f"{mt['speedup_vs_unload_load']:.1f} | {mt['speedup_vs_one_at_a_time']:.2f} |"
+        )
+    return lines
+
+
+def _gateway_table(doc: dict[str, Any]) -> list[str]:
+    lines = ["| measurement | median | figures |", "|---|---:|---|"]
+    for r in doc["results"]:
+        unit = r["unit"]
+        median = _ms(r["median"]) if unit == "seconds" else f"{r['median']:.1f} {unit}"
+        figures = "; ".join(
+            f"{k} {_ms(v) if k.endswith('_seconds') else f'{v:.2f}'}"
+            for k, v in r["metrics"].items()
+            if k not in ("min", "p25", "p75", "max")
+        )
+        lines.append(f"| {r['name']} | {median} | {figures} |")
+    return lines
+
+
+def _operator_table(doc: dict[str, Any]) -> list[str]:
+    lines = ["| measurement | value | figures |", "|---|---:|---|"]
+    for r in doc["results"]:
+        unit = r["unit"]
+        value = _ms(r["median"]) if unit == "seconds" else f"{r['median']:.2f} {unit}"
+        figures = []
+        for k, v in r["metrics"].items():
+            if k.endswith("_bytes"):
+                figures.append(f"{k} {v / 2**20:.0f} MiB")
+            elif k.endswith("_seconds") or k.endswith("seconds_total"):
+                figures.append(f"{k} {_ms(v)}")
+            else:
+                figures.append(f"{k} {v:g}" if float(v).is_integer() else f"{k} {v:.3f}")
+        lines.append(f"| {r['name']} | {value} | {'; '.join(figures)} |")
+    return lines
+
+
+_TABLES.update({"compare": _compare_table, "gateway": _gateway_table, "operator": _operator_table})
 
 
 def load_docs() -> list[dict[str, Any]]:

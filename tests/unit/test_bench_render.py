@@ -70,6 +70,7 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     assert "make bench-planner" in missing
     assert "- `swap` " not in missing
     simulated = [{**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid")]
+    simulated += [compare_doc(), gateway_doc(), operator_doc()]
     with_gpu = render.render(
         [
             doc("swap"),
@@ -124,3 +125,115 @@ def test_planner_results_state_command_machine_and_outcome() -> None:
     assert "| 125.0 ms | 120.0 ms to 130.0 ms |" in node_loss
     assert "| 1998 | 2 | 950 | 1048 | 99 |" in node_loss
     assert "throughput" not in section  # not the swap table
+
+
+# -- compare, gateway, operator ------------------------------------------------------------
+
+
+def compare_doc() -> dict[str, Any]:
+    params = {"model": "big", "model_bytes": 1024 * MIB, "reps": 3}
+    swap = results_schema.result(
+        "modelswap_swap_in_to_answer",
+        params,
+        [0.20, 0.21, 0.22],
+        swap_in_call_seconds=0.15,
+        speedup_vs_unload_load=4.0,
+        speedup_vs_one_at_a_time=1.5,
+    )
+    results_schema.target(swap, "speedup_vs_unload_load", ">=", 5.0, "big: >= 5x unload+load")
+    return {
+        **doc("compare"),
+        "command": "make bench-compare (python -m bench.compare)",
+        "load_average": {"start": [3.5, 3.0, 2.0], "end": [0.4, 1.0, 1.5]},
+        "results": [
+            swap,
+            results_schema.result("triton_unload_load_to_answer", params, [0.84]),
+            results_schema.result("one_at_a_time_to_answer", params, [0.315]),
+            results_schema.result("resident_answer", params, [0.005]),
+        ],
+    }
+
+
+def gateway_doc() -> dict[str, Any]:
+    added = results_schema.result(
+        "gateway_added_latency", {}, [0.0004], p50_added_seconds=0.0004, p99_added_seconds=0.007
+    )
+    results_schema.target(added, "p50_added_seconds", "<=", 0.001, "gateway added p50 <= 1 ms")
+    results_schema.target(added, "p99_added_seconds", "<=", 0.005, "gateway added p99 <= 5 ms")
+    return {
+        **doc("gateway"),
+        "command": "make bench-gateway (python -m bench.gateway)",
+        "results": [
+            results_schema.result("direct_saturation", {}, [400.0], unit="requests/s"),
+            added,
+        ],
+    }
+
+
+def operator_doc() -> dict[str, Any]:
+    ready = results_schema.result(
+        "all_placed_and_ready", {"models": 2000}, [95.0], ready=2000.0, create_seconds=12.5
+    )
+    results_schema.target(ready, "median", "<=", 120.0, "2,000 models placed and Ready <= 120 s")
+    steady = results_schema.result(
+        "steady_state",
+        {"models": 2000},
+        [0.5],
+        unit="writes/s",
+        operator_rss_bytes=200.0 * MIB,
+        operator_cpu_fraction_idle=0.125,
+    )
+    return {
+        **doc("operator"),
+        "command": "make bench-operator (python -m bench.operator_scale)",
+        "backend": "none",
+        "results": [ready, steady],
+    }
+
+
+def test_compare_rows_name_every_path_the_speedups_and_a_missed_target() -> None:
+    page = render.render([doc("swap"), compare_doc()])
+    section = page[page.index("## `compare` on") :]
+    assert "- Command: `make bench-compare (python -m bench.compare)`" in section
+    row = next(line for line in section.splitlines() if line.startswith("| big "))
+    assert "| 1024 MiB | 210.0 ms | 150.0 ms | 840.0 ms | 315.0 ms | 4.0 | 1.50 |" in row
+    verdict = next(line for line in section.splitlines() if line.startswith("| big: >= 5x"))
+    assert "| 4.00 | **MISSED** |" in verdict
+    # a busy machine is said so beside its figures
+    assert "at start 3.50, 3.00, 2.00; at end 0.40, 1.00, 1.50 (2 CPUs)" in section
+    assert "**The machine was busy**" in section
+
+
+def test_gateway_section_states_added_latency_against_both_targets() -> None:
+    page = render.render([doc("swap"), gateway_doc()])
+    section = page[page.index("## `gateway` on") :]
+    assert "| direct_saturation | 400.0 requests/s |" in section
+    lines = section.splitlines()
+    p50 = next(line for line in lines if line.startswith("| gateway added p50"))
+    p99 = next(line for line in lines if line.startswith("| gateway added p99"))
+    assert "| 0.40 ms | met |" in p50
+    assert "(p99_added_seconds <= 5.00 ms) | 7.00 ms | **MISSED** |" in p99
+    assert "Load average" not in section  # none recorded: nothing claimed
+
+
+def test_operator_section_gives_time_to_ready_memory_and_verdict() -> None:
+    page = render.render([doc("swap"), operator_doc()])
+    section = page[page.index("## `operator` on") :]
+    assert "Pure Python, no engine and no GPU" in section
+    lines = section.splitlines()
+    ready = next(line for line in lines if line.startswith("| all_placed_and_ready"))
+    assert "| 95.0 s |" in ready and "ready 2000" in ready and "create_seconds 12.5 s" in ready
+    steady = next(line for line in lines if line.startswith("| steady_state"))
+    assert "| 0.50 writes/s |" in steady and "operator_rss_bytes 200 MiB" in steady
+    verdict = next(line for line in lines if line.startswith("| 2,000 models"))
+    assert "| 95.0 s | met |" in verdict
+
+
+def test_targets_compute_their_verdicts() -> None:
+    row = results_schema.result("x", {}, [2.0], ratio=0.85)
+    results_schema.target(row, "ratio", ">=", 0.9, "ratio >= 0.9")
+    results_schema.target(row, "median", "<=", 3.0, "fast")
+    assert [(t["measured"], t["verdict"]) for t in row["targets"]] == [
+        (0.85, "missed"),
+        (2.0, "met"),
+    ]

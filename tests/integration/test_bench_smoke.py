@@ -1,0 +1,65 @@
+"""Tiny runs of the benches that start real processes: each finishes, checks every answer
+it measures, writes no result file and leaves no process behind (its children run in
+their own process groups)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(args: list[str], timeout: float) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", *args, "--no-results"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _left(pattern: str) -> str:
+    found = subprocess.run(["pgrep", "-af", pattern], check=False, capture_output=True, text=True)
+    return found.stdout
+
+
+@pytest.mark.timeout(300)
+def test_compare_measures_every_path_for_every_model() -> None:
+    out = _run(["bench.compare", "--reps", "1", "--big-mib", "16"], 280)
+    for model in ("mlp", "tinylm", "big"):
+        line = next(x for x in out.splitlines() if x.startswith(model))
+        assert "modelswap" in line and "unload+load" in line and "one-at-a-time" in line
+    assert "modelswap-bench-compare-" not in _left("modelswap-bench-compare-")
+
+
+@pytest.mark.timeout(300)
+def test_gateway_reports_each_figure() -> None:
+    out = _run(
+        ["bench.gateway", "--window-seconds", "0.5", "--windows", "1", "--open-seconds", "2",
+         "--swap-reps", "2"],
+        280,
+    )  # fmt: skip
+    for what in ("direct saturation", "p50 added", "100 concurrent", "swap-in overhead"):
+        assert what in out
+    assert "modelswap-bench-gw-" not in _left("modelswap-bench-gw-")
+
+
+@pytest.mark.timeout(300)
+def test_operator_scale_gets_a_small_cluster_ready() -> None:
+    out = _run(
+        ["bench.operator_scale", "--models", "30", "--nodes", "3", "--window-seconds", "2",
+         "--timeout-seconds", "120"],
+        280,
+    )  # fmt: skip
+    assert "ready 30/30" in out
+    assert "bench.fake_nodes" not in _left("bench.fake_nodes --kubeconfig /tmp/kube-emulator")
