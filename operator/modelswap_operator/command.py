@@ -148,8 +148,16 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as e:
         sys.stderr.write(f"modelswap operator: {e}\n")
         return 2
-    configure_logging(settings.log_level.upper(), json_lines=settings.json_logs)
+    handler = configure_logging(settings.log_level.upper(), json_lines=settings.json_logs)
+    handler.addFilter(_without_kopf_settings)
     return asyncio.run(operate(settings))
+
+
+def _without_kopf_settings(record: logging.LogRecord) -> bool:
+    """kopf attaches its whole OperatorSettings to every record it logs (`settings`): a few
+    kilobytes of repr on every JSON line. Keep the record, drop that attribute."""
+    record.__dict__.pop("settings", None)
+    return True
 
 
 async def operate(settings: OperatorSettings) -> int:

@@ -24,6 +24,7 @@ from modelswap_operator import command as operator_command
 from modelswap_sidecar.agent import command as agent_command
 from modelswap_sidecar.agent.settings import load_settings
 from modelswap_sidecar.supervisor import command as node_command
+from tests.support.dashboard import dashboard_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "modelswap"
@@ -424,16 +425,6 @@ def test_control_port_admits_only_the_operator(rendered: list[dict[str, Any]]) -
 def test_no_monitoring_namespace_admits_nobody_to_metrics(tmp_path: Path) -> None:
     objects = render(VALUE_SETS["sim"], tmp_path)
     assert find(objects, "NetworkPolicy", "ms-modelswap-node-metrics")["spec"]["ingress"] == []
-
-
-def dashboard_metrics() -> set[str]:
-    dashboard = json.loads((CHART / "dashboards" / "modelswap.json").read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    names = set()
-    for expr in exprs:
-        names |= set(re.findall(r"\bmodelswap_[a-z0-9_]+", expr))
-    return names
 
 
 def test_dashboard_queries_only_documented_metrics() -> None:

@@ -206,3 +206,24 @@ def test_settings_from_flags_then_environment(tmp_path: Any) -> None:
     bad.write_text("swapPolicy: {idleAfter: soon}\n")
     with pytest.raises(SettingsError, match="defaults"):
         settings_from(args("--defaults", str(bad)), {})
+
+
+def test_json_log_lines_do_not_carry_kopfs_settings() -> None:
+    import io
+    import json
+    import logging
+
+    from modelswap_api.logs import configure_logging
+    from modelswap_operator.command import _without_kopf_settings
+
+    stream = io.StringIO()
+    handler = configure_logging("INFO", json_lines=True, stream=stream)
+    handler.addFilter(_without_kopf_settings)
+    try:
+        logging.getLogger("kopf.objects").info(
+            "Handler succeeded.", extra={"settings": object(), "k8s_ref": {"name": "classify"}}
+        )
+    finally:
+        logging.getLogger().removeHandler(handler)
+    line = json.loads(stream.getvalue().splitlines()[-1])
+    assert "settings" not in line and line["k8s_ref"] == {"name": "classify"}
