@@ -32,6 +32,7 @@ from modelswap_sidecar.engine.core import Engine, EngineSettings
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.server import EngineServer
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 from modelswap_sidecar.metrics import NodeMetrics
 from modelswap_sidecar.policy.facade import Policy
@@ -153,7 +154,9 @@ async def test_metrics_count_every_swap_once_with_real_durations(world_factory: 
     one is counted once, in the record and in /metrics, as the engine counted it."""
     w: World = world_factory(20)  # room for two of the three 8 MiB models
     loose = {"idleAfter": "never", "minResident": "0s"}
-    for uid in UIDS:
+    for uid in UIDS:  # each placed after room is made for it, as the agent's placement does
+        if len(w.actuator.records) == 2:
+            await w.actuator.swap_out(w.actuator.records[UIDS[0]], reason="Manual")
         w.model(uid, 8, loose)
     rng = random.Random(11)
     for _ in range(100):
@@ -251,3 +254,24 @@ async def test_an_unmeasured_link_scores_with_the_default() -> None:
     assert link_bytes_per_second(None) == UNMEASURED_LINK_BYTES_PER_SECOND
     assert link_bytes_per_second(Link()) == UNMEASURED_LINK_BYTES_PER_SECOND
     assert link_bytes_per_second(Link(kind="c2c", host_to_device_gbps=350.0)) == 350e9
+
+
+async def test_a_client_swap_in_the_policy_refuses_is_refused(world_factory: Any) -> None:
+    """A client's own swap-in (its `in_use()` on a swapped-out model) is decided by the
+    agent's policy like any other: with a pinned model holding the room it needs, the
+    client is refused with the policy's reason, and nothing is swapped."""
+    w: World = world_factory(20)
+    cold = w.model(UIDS[0], 16, {"idleAfter": "never", "minResident": "0s"})
+    await w.actuator.swap_out(cold, reason="Manual")
+    pinned = w.model(UIDS[1], 12, {"idleAfter": "never", "minResident": "0s", "pinned": True})
+    answer = await asyncio.to_thread(w.clients[cold.uid].call, cmd="hash", tag="w")
+    assert answer["ok"] is False, answer
+    assert "NoRoom" in answer["error"] and "pinned" in answer["error"], answer
+    assert w.engine.status(cold.triton_name).state is EngineState.SWAPPED_OUT
+    assert (cold.swap_ins, pinned.swap_outs) == (0, 0)
+    # with room made (the pinned model unpinned and idle), the same request is admitted
+    await asyncio.to_thread(w.engine.remove_model, pinned.triton_name)
+    del w.actuator.records[pinned.uid]
+    answer = await asyncio.to_thread(w.clients[cold.uid].call, cmd="hash", tag="w")
+    assert answer["ok"] is True, answer
+    assert cold.swap_ins == 1

@@ -36,6 +36,7 @@ from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.server import EngineServer, harden_process
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -89,7 +90,7 @@ def serve_control(
                     elif op == "swap_out":
                         engine.swap_out(cmd["model"])
                     elif op == "swap_in":
-                        engine.swap_in(cmd["model"])
+                        lru_decider(engine)(cmd["model"])
                     elif op == "remove":
                         engine.remove_model(cmd["model"])
                     elif op == "status":
@@ -104,6 +105,24 @@ def serve_control(
     while True:
         conn, _ = server.accept()
         threading.Thread(target=session, args=(conn,), daemon=True).start()
+
+
+def lru_decider(engine: Engine) -> Callable[[str], None]:
+    """A client's own swap-in, decided as the engine alone once did: every other resident
+    model on the GPU, least recently used first, offered as a victim (the agent asks its
+    policy instead)."""
+
+    def decide(name: str) -> None:
+        m = engine.model(name)
+        others = [
+            v
+            for v in engine.models_on_gpu(m.config.gpu)
+            if v is not m and v.state is EngineState.RESIDENT
+        ]
+        others.sort(key=lambda v: v.last_used)
+        engine.swap_in(name, victims=[v.name for v in others])
+
+    return decide
 
 
 def pausing_checkpoint(names: set[str]) -> Callable[[str], None]:
@@ -167,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()
+    engine.on_client_swap_in(lru_decider(engine))
     kv_tiers: dict[str, tuple[int | None, int]] = {}
     for spec in args.kv_tier:
         name, offload, host = spec.split(":")

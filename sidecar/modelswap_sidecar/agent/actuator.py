@@ -33,7 +33,7 @@ from modelswap_sidecar.agent.placement import Deferral, Placement, place
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.engine.core import Engine
-from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+from modelswap_sidecar.engine.errors import EngineError, NoCapacity, UnknownModel
 from modelswap_sidecar.engine.events import SwapEvent, SwapKind
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.metrics import ModelLabels, NodeMetrics
@@ -99,9 +99,32 @@ class Actuator:
     # -- swap events and waiting -------------------------------------------------------------
 
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Record the engine's swaps on `loop` (call once, from it)."""
+        """Record the engine's swaps on `loop`, and decide its clients' own swap-ins there
+        (call once, from it)."""
         self._loop = loop
         self.engine.subscribe(self._from_engine)
+        self.engine.on_client_swap_in(self._client_swap_in)
+
+    def _client_swap_in(self, name: str) -> None:
+        """On the engine's thread serving a client's own swap-in request (its `in_use()`
+        found the model swapped out): decided as any other swap-in (`swap_in`), on the
+        loop; a refusal is a NoCapacity the client receives. A model this agent does not
+        hold (yet: adoption) swaps in only if it fits, with no victims."""
+        model = next((m for m in self.records.values() if m.triton_name == name), None)
+        loop = self._loop
+        if model is None or loop is None or loop.is_closed():
+            self.engine.swap_in(name)
+            return
+        result = asyncio.run_coroutine_threadsafe(self._settled_swap_in(model), loop).result()
+        if result.outcome == "refused":
+            raise NoCapacity(f"swap-in of {model.uid} refused: {result.reason}: {result.message}")
+
+    async def _settled_swap_in(self, model: AgentModel) -> ActionResult:
+        """`swap_in`, once a load under way (an adoption) has finished."""
+        deadline = self.clock() + ADMISSION_WAIT_SECONDS
+        while model.serving is Serving.LOADING and self.clock() < deadline:
+            await self.changed(deadline - self.clock())
+        return await self.swap_in(model)
 
     def _from_engine(self, event: SwapEvent) -> None:
         """On the engine's thread: hand the event to the loop (before the engine call that
@@ -367,8 +390,15 @@ class Actuator:
                 reason=admission.reason,
                 message=admission.message,
             )
+        # Victims the engine swaps out (under the GPU's allocation lock, right before it
+        # allocates) are handed to it; the others (a drop's unload) go first, here.
+        handed: list[str] = []
         for victim in admission.victims:
-            await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+            held = self.records.get(victim.uid)
+            if held is not None and model.serving is Serving.LOADED and not held.drops:
+                handed.append(held.triton_name)
+            else:
+                await self.swap_out_uid(victim.uid, reason=str(victim.reason))
         if model.serving is Serving.DROPPED:  # a reload, not the engine's swap: recorded here
             started = self.clock()
             model.serving = Serving.LOADING
@@ -384,8 +414,8 @@ class Actuator:
                 ),
             )
         else:
-            try:  # recorded by `_on_swap` before this returns
-                await asyncio.to_thread(self.engine.swap_in, model.triton_name)
+            try:  # recorded by `_on_swap` (victims too) before this returns
+                await asyncio.to_thread(self.engine.swap_in, model.triton_name, handed)
             except EngineError as e:
                 return ActionResult(
                     uid=model.uid, outcome="refused", reason=type(e).__name__, message=str(e)

@@ -101,8 +101,6 @@ def engine_config(model: AgentModel) -> ModelConfig:
         model.triton_name,
         model.gpu,
         KvMode(model.policy.kv),
-        pinned=model.policy.pinned,
-        priority=model.policy.priority,
         on_swap_out=SwapOutMode(model.policy.on_swap_out),
         kv_offload_after_tokens=kv.offload_after_tokens if has_kv else None,
         kv_host_bytes=kv.host_bytes if has_kv else 0,

@@ -40,8 +40,8 @@ class Clients(Attaching):
                 return self._attach(m, inst, message)
             if message.op is Op.COMMIT:
                 return self._commit(m, inst, message)
-            if message.op is Op.SWAP_IN:
-                self.swap_in(m.name)
+            if message.op is Op.SWAP_IN:  # decided by the agent (`on_client_swap_in`)
+                self.client_swap_in(m.name)
                 return reply_to(message, m.epoch, {"state": str(m.state)})
             if message.op is Op.READOPT:
                 return self._readopt(m, inst, message)

@@ -67,6 +67,7 @@ class Engine(Clients):
         self._recovered.set()
         self._recovery_waiters = 0
         self._swap_listeners: list[SwapListener] = []
+        self._client_swap_in: Callable[[str], None] | None = None
         self.swapper = Swapper(self)
         self._stop = threading.Event()
         self._monitor = threading.Thread(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 
 from modelswap_api.wire import Op
 from modelswap_sidecar.engine.processes import Processes
@@ -26,11 +27,26 @@ class Operations(Processes):
         with m.lock:
             self.swapper.swap_out_locked(m, reason)
 
-    def swap_in(self, name: str) -> None:
+    def swap_in(self, name: str, victims: Sequence[str] = ()) -> None:
+        """Swap the model in, making room by swapping out `victims` (engine model names,
+        in order, as many as it takes: the caller's decision; the engine chooses nobody)."""
         m = self.model(name)
         self._wait_recovered()
         with self._gpu_locks[m.config.gpu], m.lock:
-            self.swapper.swap_in_locked(m)
+            self.swapper.swap_in_locked(m, victims)
+
+    def on_client_swap_in(self, decider: Callable[[str], None]) -> None:
+        """Route a client's own swap-in request (its `in_use()` on a swapped-out model)
+        to `decider(name)`, which decides (victims, or a refusal raised as an EngineError)
+        and calls `swap_in`. Without one, the engine swaps in with no victims."""
+        self._client_swap_in = decider
+
+    def client_swap_in(self, name: str) -> None:
+        decider = self._client_swap_in
+        if decider is None:
+            self.swap_in(name)
+        else:
+            decider(name)
 
     def remove_model(self, name: str) -> None:
         """DELETING: every client is told (it unmaps and detaches for good), every chunk is

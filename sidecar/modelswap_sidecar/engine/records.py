@@ -24,8 +24,6 @@ class ModelConfig:
     name: str
     gpu: int
     kv_mode: KvMode = KvMode.DISCARD
-    pinned: bool = False
-    priority: int = 0
     on_swap_out: SwapOutMode = SwapOutMode.HOST
     #: tiered KV pool (`kvCache`): sequences longer than this get host-tier blocks (None:
     #: no host tier); the host tier holds at most `kv_host_bytes`, in host-store files
@@ -154,8 +152,6 @@ def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
             "config": {
                 "gpu": m.config.gpu,
                 "kv_mode": str(m.config.kv_mode),
-                "pinned": m.config.pinned,
-                "priority": m.config.priority,
                 "on_swap_out": str(m.config.on_swap_out),
                 "kv_offload_after_tokens": m.config.kv_offload_after_tokens,
                 "kv_host_bytes": m.config.kv_host_bytes,
@@ -194,12 +190,10 @@ def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
     for name, md in doc.get("models", {}).items():
         c = md["config"]
         offload = c.get("kv_offload_after_tokens")
-        config = ModelConfig(
+        config = ModelConfig(  # a file from an older agent also names pinned/priority
             name,
             int(c["gpu"]),
             KvMode(c["kv_mode"]),
-            bool(c["pinned"]),
-            int(c["priority"]),
             SwapOutMode(c.get("on_swap_out", SwapOutMode.HOST)),
             None if offload is None else int(offload),
             int(c.get("kv_host_bytes", 0)),

@@ -43,6 +43,7 @@ class Registry:
     _recovered: threading.Event
     _recovery_waiters: int
     _swap_listeners: list[SwapListener]
+    _client_swap_in: Callable[[str], None] | None
     _stop: threading.Event
     _monitor: threading.Thread
 

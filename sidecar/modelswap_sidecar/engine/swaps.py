@@ -5,7 +5,8 @@ QUIESCED → SAVING (preserved KV to the host store, committed before anything i
 → UNMAPPED (clients unmapped and dropped their handles) → chunks released → SWAPPED_OUT.
 A failure before UNMAP resumes every client and returns to RESIDENT.
 
-Swap-in: ALLOCATING (make room, create chunks) → MAPPED (clients map them at their
+Swap-in: ALLOCATING (make room by swapping out the victims the caller chose, nobody
+else; create chunks) → MAPPED (clients map them at their
 reserved addresses) → RESTORING (clients copy the host copies in) → RESIDENT. A failure
 anywhere unmaps what was mapped, releases what was created, and returns to SWAPPED_OUT.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from modelswap_api.wire import (
@@ -165,8 +167,9 @@ class Swapper:
 
     # -- room ----------------------------------------------------------------------------
 
-    def make_room(self, m: ModelRecord, need_bytes: int) -> None:
-        """Swap out victims on the same GPU until `need_bytes` fit, or raise NoCapacity."""
+    def make_room(self, m: ModelRecord, need_bytes: int, victims: Sequence[str]) -> None:
+        """Swap out `victims` (the caller's choice, in its order; resident ones on the same
+        GPU) until `need_bytes` fit, or raise NoCapacity. The engine chooses nobody."""
         e = self.engine
         budget = e.budgets[m.config.gpu]
         view = budget.view()
@@ -175,35 +178,25 @@ class Swapper:
                 f"model {m.name} needs {need_bytes} bytes; GPU {m.config.gpu}'s whole budget "
                 f"is {view.budget_bytes}"
             )
-        if need_bytes <= view.available_bytes:
-            return
-        candidates = [
-            v
-            for v in e.models_on_gpu(m.config.gpu)
-            if v is not m and v.state is S.RESIDENT and not v.config.pinned and v.chunk_bytes()
-        ]
-        candidates.sort(key=lambda v: (v.config.priority, v.last_used))
-        short = need_bytes - view.available_bytes
-        chosen: list[ModelRecord] = []
-        for v in candidates:
-            if short <= 0:
-                break
-            chosen.append(v)
-            short -= v.chunk_bytes()
-        if short > 0:
-            raise NoCapacity(
-                f"model {m.name} needs {need_bytes} bytes on GPU {m.config.gpu}; "
-                f"{view.available_bytes} available and evictable models free too little"
-            )
-        for v in chosen:
+        for name in victims:
+            if need_bytes <= budget.view().available_bytes:
+                return
+            with e._mut:
+                v = e._models.get(name)
+            if v is None or v is m or v.config.gpu != m.config.gpu:
+                continue
             with v.lock:
                 if v.state is S.RESIDENT:
                     try:
                         self.swap_out_locked(v, reason=f"making room for {m.name}", cause=MAKE_ROOM)
                     except ClientFailed as ex:
                         log.info("victim %s could not be swapped out: %s", v.name, ex)
-        if need_bytes > budget.view().available_bytes:
-            raise NoCapacity(f"model {m.name}: victims could not be swapped out in time")
+        available = budget.view().available_bytes
+        if need_bytes > available:
+            raise NoCapacity(
+                f"model {m.name} needs {need_bytes} bytes on GPU {m.config.gpu}; "
+                f"{available} available after the {len(victims)} victim(s) it was given"
+            )
 
     # -- swap-out ------------------------------------------------------------------------
 
@@ -313,14 +306,14 @@ class Swapper:
 
     # -- swap-in -------------------------------------------------------------------------
 
-    def swap_in_locked(self, m: ModelRecord) -> None:
+    def swap_in_locked(self, m: ModelRecord, victims: Sequence[str] = ()) -> None:
         e = self.engine
         if m.state is S.RESIDENT or (
             m.state is S.LOADING and all(i.mapped for i in m.live_instances())
         ):
             return
         if m.state in (S.DROPPED, S.FAILED):
-            self.reload_locked(m)
+            self.reload_locked(m, victims)
             return
         if m.state is not S.SWAPPED_OUT:
             raise WrongState(f"model {m.name} is {m.state}, not SwappedOut")
@@ -333,7 +326,7 @@ class Swapper:
         # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
         e.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
-            replies = self.bring_in(m, live, track_states=True)
+            replies = self.bring_in(m, live, track_states=True, victims=victims)
         except (EngineError, RemoteError) as ex:  # rolled back; the host copy is intact
             e.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
             raise
@@ -350,7 +343,7 @@ class Swapper:
         e.set_state(m, S.RESIDENT, "swapped in", persist=False)
         e.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=m.last_swap_in_seconds))
 
-    def reload_locked(self, m: ModelRecord) -> None:
+    def reload_locked(self, m: ModelRecord, victims: Sequence[str] = ()) -> None:
         """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads
         the weights from the source again and commits (a swap-in never sees a host copy)."""
         e = self.engine
@@ -359,7 +352,7 @@ class Swapper:
             raise WrongState(f"model {m.name} has no connected instance to reload into")
         m.epoch += 1
         e.set_state(m, S.LOADING, f"reloading from the source after {m.state}")
-        self.bring_in(m, live, track_states=False)
+        self.bring_in(m, live, track_states=False, victims=victims)
         m.last_used = time.monotonic()
         e.persist()
 
@@ -396,12 +389,18 @@ class Swapper:
         e.set_state(m, S.FAILED, reason)
 
     def bring_in(
-        self, m: ModelRecord, instances: list[InstanceRecord], *, track_states: bool
+        self,
+        m: ModelRecord,
+        instances: list[InstanceRecord],
+        *,
+        track_states: bool,
+        victims: Sequence[str] = (),
     ) -> dict[str, dict[str, Any]]:
-        """Allocate, map and restore `instances`; returns each instance's restore reply body."""
+        """Allocate, map and restore `instances` (after swapping out as many of `victims` as
+        it takes); returns each instance's restore reply body."""
         e = self.engine
         need = sum(r.size_bytes for i in instances for r in i.regions.values())
-        self.make_room(m, need)
+        self.make_room(m, need, victims)
         made: dict[int, list[Chunk]] = {}
         mapped: list[InstanceRecord] = []
         try:
