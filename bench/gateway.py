@@ -207,9 +207,41 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
         )
         rows.append(trow)
         print(f"100 concurrent: gateway/direct {ratio:.2f}", flush=True)
+        # where a request's time goes in the gateway: the same open loop through a
+        # profiled copy of the gateway (its figures are not reported: profilers slow it)
+        profile = await _profile_gateway(session, node, rate / 2, args.profile_seconds)
     # 4. request-triggered swap-in (sequential: one request at a time)
     rows.append(await asyncio.to_thread(_swap_overhead, node, args.swap_reps))
-    return rows, []
+    return rows, [
+        f"Profile of the gateway alone (bench/gateway_profiled.py) at the same rate: {profile}"
+    ]
+
+
+async def _profile_gateway(
+    session: aiohttp.ClientSession, node: Any, rate: float, seconds: float
+) -> str:
+    with tempfile.TemporaryDirectory(prefix="modelswap-bench-gwprof-") as tmp:
+        out = Path(tmp) / "profile.txt"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.gateway_profiled", node.state["tritonUrl"],
+            node.uids[TINY.name], str(out), cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            url = (await proc.stdout.readline()).decode().strip()
+            if not url.startswith("http"):
+                raise RuntimeError("the profiled gateway did not start")
+            await open_loop(session, {"gw": f"{url}/v2/models/{TINY.name}/infer"}, rate, seconds, 7)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 60)
+            text = out.read_text()
+            print(f"gateway profile: {text}", flush=True)
+            return text
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 def _swap_overhead(node: Any, reps: int) -> dict[str, Any]:
@@ -279,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--open-seconds", type=float, default=30.0)
     p.add_argument("--load-fraction", type=float, default=0.5)
     p.add_argument("--swap-reps", type=int, default=11)
+    p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     args = p.parse_args(argv)
     # SIGTERM (make, timeout) unwinds through the context managers that stop the children

@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import pstats
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from kubernetes import client as kclient
 from bench import results_schema
 from modelswap_api import kube
 from modelswap_sidecar.triton.process import free_loopback_port
-from tests.support.kube_emulator.hosting import EmulatorProcess
+from tests.support.kube_emulator.hosting import EmulatorProcess, kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-" + "x" * 24
@@ -118,12 +119,12 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, sig)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -151,6 +152,66 @@ def _ready_count(custom: Any) -> tuple[int, int, Counter[str]]:
     return ready, placed, why
 
 
+class ProfiledEmulator:
+    """The emulator as EmulatorProcess runs it, but under cProfile (`--profile`): the same
+    module and manifest; SIGINT ends it so cProfile writes its file."""
+
+    def __init__(self, manifest: Path, work: Path) -> None:
+        self.profile = work / "emulator.pstats"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cProfile", "-o", str(self.profile),
+             "-m", "tests.support.kube_emulator", "--manifest", str(manifest)],
+            cwd=ROOT, stdout=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        ready = json.loads(self.proc.stdout.readline())
+        self.kubeconfig_path = work / "kubeconfig"
+        self.kubeconfig_path.write_text(json.dumps(kubeconfig(ready["url"], ready["token"])))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+#: the event loop's idle wait and thread joins: time with nothing to do, not work
+_IDLE = ("poll' of 'select.epoll", "acquire' of '_thread.lock", "'wait' of", "sleep")
+
+
+def profile_summary(path: Path, who: str, own: str) -> str:
+    """Top functions of `path` (pstats) by own time, and `own` code's by cumulative time."""
+    if not path.exists():
+        return f"{who}: no profile written"
+    stats = pstats.Stats(str(path))
+    items = [
+        kv
+        for kv in stats.stats.items()  # type: ignore[attr-defined]
+        if not any(idle in kv[0][2] for idle in _IDLE)
+    ]
+    total = sum(v[2] for _, v in items)
+
+    def name(key: tuple[str, int, str]) -> str:
+        file, line, func = key
+        short = "/".join(Path(file).parts[-2:]) if line else file
+        return f"{func} ({short}:{line})"
+
+    by_own = sorted(items, key=lambda kv: kv[1][2], reverse=True)[:10]
+    mine = sorted((kv for kv in items if own in kv[0][0]), key=lambda kv: kv[1][3], reverse=True)[
+        :10
+    ]
+    return (
+        f"{who}: {total:.1f} s of CPU in its main thread (profiled run; idle waits left out). "
+        "By own time: "
+        + "; ".join(f"{name(k)} {v[2]:.1f} s ({v[1]} calls)" for k, v in by_own)
+        + f". Its own code ({own}) by cumulative time: "
+        + "; ".join(f"{name(k)} {v[3]:.1f} s" for k, v in mine)
+    )
+
+
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -160,19 +221,30 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
         manifest.write_text(yaml.safe_dump_all(cluster_manifest(args.nodes)))
         token_file = work / "token"
         token_file.write_text(TOKEN)
-        with EmulatorProcess(manifests=[manifest], start_timeout_s=60) as emu:
-            kubeconfig = str(emu.kubeconfig_path)
+        with contextlib.ExitStack() as stack:
+            if args.profile:
+                emu: Any = ProfiledEmulator(manifest, work)
+                stack.callback(emu.stop)
+                emulator_pid = emu.proc.pid
+            else:
+                emu = stack.enter_context(EmulatorProcess(manifests=[manifest], start_timeout_s=60))
+                emulator_pid = emu._proc.pid  # its pid: for CPU
+            kubeconfig_path = str(emu.kubeconfig_path)
             stats = work / "fakes.json"
             logs = {n: (work / f"{n}.log").open("wb") for n in ("fakes", "operator")}
             fakes = subprocess.Popen(
-                [sys.executable, "-m", "bench.fake_nodes", "--kubeconfig", kubeconfig,
+                [sys.executable, "-m", "bench.fake_nodes", "--kubeconfig", kubeconfig_path,
                  "--token-file", str(token_file), "--state-dir", str(work / "state"),
                  "--nodes", str(args.nodes), "--stats", str(stats)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=logs["fakes"], start_new_session=True,
             )  # fmt: skip
             port = free_loopback_port()
+            profiler = (
+                ["-m", "cProfile", "-o", str(work / "operator.pstats")] if args.profile else []
+            )
             operator = subprocess.Popen(
-                [sys.executable, "-m", "modelswap_api.cli", "operator", "--kubeconfig", kubeconfig,
+                [sys.executable, *profiler, "-m", "modelswap_api.cli", "operator",
+                 "--kubeconfig", kubeconfig_path,
                  "--all-namespaces", "--allow-plain-http", "--grace-seconds", "30",
                  "--http-port", str(port), "--plain-logs", "--log-level", "warning",
                  "--identity", "bench-operator"],
@@ -191,16 +263,26 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
                     operator,
                     work,
                 )
-                rows, notes = _measure(args, kubeconfig, metrics_url, operator, stats)
+                pids = {"operator": operator.pid, "emulator": emulator_pid, "fakes": fakes.pid}
+                rows, notes = _measure(
+                    args, kubeconfig_path, metrics_url, operator, stats, pids=pids
+                )
             except BaseException:
                 sys.stderr.write((work / "operator.log").read_text()[-4000:])
                 sys.stderr.write((work / "fakes.log").read_text()[-4000:])
                 raise
             finally:
-                _stop(operator)
+                # SIGINT first: the operator exits 0 and cProfile writes its file
+                _stop(operator, signal.SIGINT if args.profile else signal.SIGTERM)
                 _stop(fakes)
                 for f in logs.values():
                     f.close()
+            if args.profile:
+                emu.stop()
+                notes = [
+                    profile_summary(work / "operator.pstats", "operator", "modelswap_operator"),
+                    profile_summary(work / "emulator.pstats", "emulator", "kube_emulator"),
+                ]
     return rows, notes
 
 
@@ -226,6 +308,8 @@ def _measure(
     metrics_url: str,
     operator: subprocess.Popen[bytes],
     stats: Path,
+    *,
+    pids: dict[str, int],
 ) -> tuple[list[dict[str, Any]], list[str]]:
     api = kube.api_client(kubeconfig)
     custom = kclient.CustomObjectsApi(api)
@@ -235,6 +319,8 @@ def _measure(
     time.sleep(idle_window / 2)
     cpu_empty = (_cpu_seconds(operator.pid) - cpu0) / (time.monotonic() - t0)
     before = _metrics(metrics_url)
+    # who used the CPU while the models arrived: the bottleneck is whoever saturates it
+    cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(
@@ -259,6 +345,7 @@ def _measure(
             raise RuntimeError("the operator exited")
         time.sleep(2.0)
     all_ready = time.monotonic() - started
+    cpu_ramp = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     print(f"ready {ready}/{args.models} (placed {placed}) after {all_ready:.1f} s", flush=True)
     for reason, n in why.most_common(5):
         print(f"  not ready: {n} x {reason}", flush=True)
@@ -294,6 +381,12 @@ def _measure(
     plan_count = _sum(after_ramp, "modelswap_operator_plan_duration_seconds_count") - _sum(
         before, "modelswap_operator_plan_duration_seconds_count"
     )
+    ramp_calls = {
+        k.split('call="')[1].split('"')[0]: v - before.get(k, 0.0)
+        for k, v in after_ramp.items()
+        if k.startswith("modelswap_operator_kube_calls_total")
+    }
+    ramp_writes = sum(v for k, v in ramp_calls.items() if k.startswith(WRITE_PREFIXES))
     turn_sum = _sum(after_ramp, "modelswap_operator_reconcile_duration_seconds_sum") - _sum(
         before, "modelswap_operator_reconcile_duration_seconds_sum"
     )
@@ -305,6 +398,7 @@ def _measure(
         ready=float(ready),
         placed=float(placed),
         create_seconds=created,
+        **{f"cpu_seconds_{name}": v for name, v in cpu_ramp.items()},
         **{f"ready_at_{int(t)}s": float(n) for t, n in progress[:: max(1, len(progress) // 8)]},
     )
     results_schema.target(
@@ -319,6 +413,16 @@ def _measure(
             plans=plan_count,
             plan_seconds_total=plan_sum,
             reconcile_seconds_total=turn_sum,
+            reconcile_turns=_sum(after_ramp, "modelswap_operator_reconcile_turns_total")
+            - _sum(before, "modelswap_operator_reconcile_turns_total"),
+        ),
+        results_schema.result(
+            "operator_kube_calls_during_ramp",
+            params,
+            [ramp_writes / all_ready],
+            unit="writes/s",
+            writes=ramp_writes,
+            **{f"calls_{k}": v for k, v in sorted(ramp_calls.items()) if v},
         ),
         results_schema.result(
             "steady_state",
@@ -346,7 +450,9 @@ NOTES = [
     "--allow-plain-http --grace-seconds 30` (defaults otherwise: batch 0.2 s, tick 1 s).",
     "all_placed_and_ready: from the first create (8 threads of the official client) until a "
     "list shows every ModelDeployment Ready=True; polled every 2 s, so up to 2 s late. "
-    "create_seconds is the creation alone; ready_at_<t>s samples the progress.",
+    "create_seconds is the creation alone; ready_at_<t>s samples the progress; "
+    "cpu_seconds_<process> is each process's CPU (utime+stime) over that time: the one "
+    "nearest the elapsed seconds (one core each; two cores in all) is the bottleneck.",
     "planner_during_ramp: the operator's plan_duration_seconds histogram between the first "
     "create and all Ready: mean seconds per plan (the median column), plans, total.",
     "steady_state: over a window after all are Ready: the operator's Kubernetes writes per "
@@ -357,12 +463,27 @@ NOTES = [
 ]
 
 
+PROFILE_NOTES = [
+    "The same run as `operator`, with the operator (`python -m cProfile -m modelswap_api.cli "
+    "operator`) and the emulator (`python -m cProfile -m tests.support.kube_emulator`) "
+    "under cProfile, to show where the time to Ready goes. cProfile sees each process's "
+    "main thread (the operator's event loop; its Kubernetes calls run in a thread pool, "
+    "whose work shows on the emulator's side). Times are inflated by the profilers.",
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--models", type=int, default=2000)
     p.add_argument("--nodes", type=int, default=100)
     p.add_argument("--window-seconds", type=float, default=30.0)
     p.add_argument("--timeout-seconds", type=float, default=600.0)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the operator and the emulator under cProfile; writes operator-profile.json "
+        "(its times are slowed by the profilers: notes only)",
+    )
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     args = p.parse_args(argv)
     # SIGTERM (make, timeout) unwinds through the finally blocks that stop the children
@@ -371,13 +492,21 @@ def main(argv: list[str] | None = None) -> int:
     rows, notes = run(args)
     for r in rows:
         print(r["name"], f"{r['median']:.3f}", json.dumps(r["metrics"]), flush=True)
+    for n in notes:
+        print(n, flush=True)
     if args.no_results:
         return 0
+    if args.profile:
+        # one figure only, labelled: the ramp under both profilers (not the measurement)
+        rows = [r for r in rows if r["name"] == "all_placed_and_ready"]
+        rows[0]["name"] = "all_ready_under_profilers"
+        rows[0].pop("targets", None)
     path = results_schema.write(
-        "operator",
-        "make bench-operator (python -m bench.operator_scale)",
+        "operator-profile" if args.profile else "operator",
+        "make bench-operator (python -m bench.operator_scale"
+        + (" --profile)" if args.profile else ")"),
         rows,
-        NOTES + notes,
+        (PROFILE_NOTES if args.profile else NOTES) + notes,
         backend="none",
         scaled=False,
         load_average_start=load_start,

@@ -46,7 +46,7 @@ def test_compare_measures_every_path_for_every_model() -> None:
 def test_gateway_reports_each_figure() -> None:
     out = _run(
         ["bench.gateway", "--window-seconds", "0.5", "--windows", "1", "--open-seconds", "2",
-         "--swap-reps", "2"],
+         "--swap-reps", "2", "--profile-seconds", "1"],
         280,
     )  # fmt: skip
     for what in ("direct saturation", "p50 added", "100 concurrent", "swap-in overhead"):

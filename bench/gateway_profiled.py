@@ -1,0 +1,62 @@
+"""The gateway's request path under cProfile, for `bench.gateway`'s notes.
+
+`python -m bench.gateway_profiled TRITON_URL UID OUT`: serves the gateway app as the agent
+does (`modelswap_sidecar.gateway.app.make_app` + `start`) in front of TRITON_URL, routing
+`default/tiny` to UID (always resident: a directory that never swaps), prints its URL,
+profiles its event loop until SIGTERM, then writes the top functions by own time to OUT.
+The agent's gateway shares its process with the engine and the policy loop; this one runs
+alone, so the profile shows the gateway's own cost per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import pstats
+import signal
+import sys
+from pathlib import Path
+
+from tests.support.gateway_fakes import FakeDirectory, route, served_gateway
+
+#: the event loop's idle wait: time with nothing to do, not work
+_IDLE = frozenset({"<method 'poll' of 'select.epoll' objects>"})
+
+
+async def serve(triton_url: str, uid: str) -> str:
+    directory = FakeDirectory([route("tiny", "default", uid=uid)], resident=[uid])
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    profiler = cProfile.Profile()
+    async with served_gateway(directory, triton_url, local_mode=True) as served:
+        print(served.url, flush=True)
+        profiler.enable()
+        await stop.wait()
+        profiler.disable()
+    requests = len(directory.requests) or 1
+    stats = pstats.Stats(profiler)
+    rows = sorted(
+        (kv for kv in stats.stats.items() if kv[0][2] not in _IDLE),  # type: ignore[attr-defined]
+        key=lambda kv: kv[1][2],
+        reverse=True,
+    )[:12]
+    busy = sum(v[2] for k, v in stats.stats.items() if k[2] not in _IDLE)  # type: ignore[attr-defined]
+    parts = [
+        f"{func} ({Path(file).name}:{line}) {tt / requests * 1e6:.0f} us"
+        for (file, line, func), (_cc, _nc, tt, _ct, _callers) in rows
+    ]
+    return (
+        f"{requests} requests, {busy / requests * 1e3:.2f} ms of the gateway process's event "
+        "loop per request (profiler overhead included); by own time per request: "
+        + "; ".join(parts)
+    )
+
+
+def main() -> int:
+    text = asyncio.run(serve(sys.argv[1], sys.argv[2]))
+    Path(sys.argv[3]).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
