@@ -385,7 +385,19 @@ def _operator_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-_TABLES.update({"compare": _compare_table, "gateway": _gateway_table, "operator": _operator_table})
+BENCHES["operator-profile"] = (
+    "make bench-operator (python -m bench.operator_scale --profile)",
+    "the same run with the operator and the emulator under cProfile: where the time goes",
+    "any Linux machine with `make setup`",
+)
+_TABLES.update(
+    {
+        "compare": _compare_table,
+        "gateway": _gateway_table,
+        "operator": _operator_table,
+        "operator-profile": _operator_table,
+    }
+)
 
 
 def load_docs() -> list[dict[str, Any]]:

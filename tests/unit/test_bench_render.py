@@ -71,6 +71,7 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     assert "- `swap` " not in missing
     simulated = [{**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid")]
     simulated += [compare_doc(), gateway_doc(), operator_doc()]
+    simulated.append({**operator_doc(), "bench": "operator-profile"})
     with_gpu = render.render(
         [
             doc("swap"),
