@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
-import numpy as np
 import pytest
 from kubernetes import client
 
-from examples.models import reference
 from modelswap_api.tls import pinned_context
 from tests.support.agent_harness import Control
 from tests.support.chart_world import (
@@ -54,6 +52,7 @@ from tests.support.dashboard import dashboard_metrics, scraped_names
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
+from tests.support.service_calls import mlp_answers, slice_address
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -168,20 +167,9 @@ async def classify_through_service(cluster: Cluster, name: str) -> None:
     endpoint_slice = cluster.discovery.read_namespaced_endpoint_slice(
         f"{name}-modelswap", "default"
     )
-    address = endpoint_slice.endpoints[0].addresses[0]
-    port = endpoint_slice.ports[0].port
     cluster.core.read_namespaced_service(name, "default")  # the Service exists
-    x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
-        response = await http.post(
-            f"http://{address}:{port}/v2/models/{name}/infer",
-            json=reference.mlp_infer_body(x),
-            headers={"Host": f"{name}.default.svc"},
-        )
-    assert response.status_code == 200, response.text
-    output = next(o for o in response.json()["outputs"] if o["name"] == "OUTPUT0")
-    expected = reference.mlp_forward(x)
-    assert np.allclose(np.array(output["data"]).reshape(expected.shape), expected, atol=1e-4)
+    address, port = slice_address(endpoint_slice)
+    await mlp_answers(address, port, f"{name}.default.svc", name)
 
 
 def published(cluster: Cluster, unlike: str | None = None) -> dict[str, Any] | None:

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import numpy as np
 import pytest
 
-from examples.models import reference
 from tests.support.agent_harness import spawn
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_world import Objects, agents, emulator, operator
+from tests.support.service_calls import mlp_answers, slice_address, tinylm_completes
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 T = TypeVar("T")
@@ -55,36 +54,16 @@ async def wait_ready(objects: Objects, name: str, namespace: str = "default") ->
 
 
 async def classify_through_service(objects: Objects, name: str, namespace: str = "default") -> None:
-    """A request to the address the EndpointSlice gives, with the Service's Host header, is
-    answered as the reference model answers."""
-    endpoint_slice = objects.endpoint_slice(name, namespace)
-    address = endpoint_slice.endpoints[0].addresses[0]
-    port = endpoint_slice.ports[0].port
-    x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
-        response = await http.post(
-            f"http://{address}:{port}/v2/models/classify/infer",
-            json=reference.mlp_infer_body(x),
-            headers={"Host": f"{name}.{namespace}.svc"},
-        )
-    assert response.status_code == 200, response.text
-    output = next(o for o in response.json()["outputs"] if o["name"] == "OUTPUT0")
-    expected = reference.mlp_forward(x)
-    assert np.allclose(np.array(output["data"]).reshape(expected.shape), expected, atol=1e-4)
+    """The classify model answers through the address its EndpointSlice gives, with the
+    Service's Host header, as the reference computes."""
+    address, port = slice_address(objects.endpoint_slice(name, namespace))
+    await mlp_answers(address, port, f"{name}.{namespace}.svc", "classify")
 
 
 async def complete_through_service(objects: Objects, name: str, model: str) -> None:
-    """An OpenAI completion from a tinylm model, through its Service, as the reference says."""
-    endpoint_slice = objects.endpoint_slice(name)
-    address, port = endpoint_slice.endpoints[0].addresses[0], endpoint_slice.ports[0].port
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
-        response = await http.post(
-            f"http://{address}:{port}/v1/completions",
-            json={"model": model, "prompt": "hello", "max_tokens": 5},
-            headers={"Host": f"{name}.default.svc"},
-        )
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["text"] == reference.tinylm_complete("hello", 5)
+    """A tinylm model completes through its Service as the reference says."""
+    address, port = slice_address(objects.endpoint_slice(name))
+    await tinylm_completes(address, port, f"{name}.default.svc", model)
 
 
 @pytest.mark.timeout(300)
