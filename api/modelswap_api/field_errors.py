@@ -28,10 +28,6 @@ class FieldError:
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
 
-    def as_cause(self) -> dict[str, str]:
-        """The `details.causes[]` entry of a 422 Status."""
-        return {"reason": self.reason, "message": self.message, "field": self.path}
-
 
 def show_value(value: Any) -> str:
     """A value as the API server quotes it in messages (JSON, strings quoted)."""

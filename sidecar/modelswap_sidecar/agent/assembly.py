@@ -51,7 +51,6 @@ from modelswap_sidecar.agent.loading import ModelLoader
 from modelswap_sidecar.agent.loops import PolicyLoop, RuntimeWatch
 from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.agent.settings import AgentSettings
-from modelswap_sidecar.agent.tritonpid import TritonPidSource
 from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.app import start as start_control
@@ -72,6 +71,7 @@ from modelswap_sidecar.sources.cache import CacheSettings, SourceCache
 from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.driver import TritonDriver
 from modelswap_sidecar.triton.errors import TritonError
+from modelswap_sidecar.triton.pids import TritonPidSource
 from modelswap_sidecar.triton.repository import ModelRepository
 from modelswap_sidecar.triton.stubs import TritonVoucher
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from modelswap_api.wire import (
     ConnectionLost,
@@ -29,33 +29,56 @@ from modelswap_api.wire import (
     RemoteError,
     SwapOutMode,
 )
-from modelswap_sidecar.allocators.base import Chunk, Location, OutOfDeviceMemory
+from modelswap_sidecar.allocators.base import Allocator, Chunk, Location, OutOfDeviceMemory
+from modelswap_sidecar.engine.budget import HbmBudget
 from modelswap_sidecar.engine.errors import (
     ClientFailed,
     EngineError,
     ModelFailed,
     NoCapacity,
+    UnknownModel,
     WrongState,
 )
 from modelswap_sidecar.engine.events import MAKE_ROOM, SwapEvent, SwapKind
-from modelswap_sidecar.engine.hoststore import Staging
+from modelswap_sidecar.engine.hoststore import HostStore, Staging
 from modelswap_sidecar.engine.records import (
     CopyReport,
     InstanceRecord,
     ModelRecord,
     RegionRecord,
 )
+from modelswap_sidecar.engine.settings import EngineSettings
 from modelswap_sidecar.engine.states import EngineState
-
-if TYPE_CHECKING:
-    from modelswap_sidecar.engine.core import Engine
 
 log = logging.getLogger(__name__)
 S = EngineState
 
 
+class Engine(Protocol):
+    """What the swapper needs of the engine that holds it (kept a Protocol, so this module
+    does not import the engine's and no import circle forms)."""
+
+    allocator: Allocator
+    store: HostStore
+    settings: EngineSettings
+    budgets: dict[int, HbmBudget]
+    checkpoint: Callable[[str], None]
+
+    def model(self, name: str) -> ModelRecord: ...
+
+    def set_state(
+        self, m: ModelRecord, state: EngineState, reason: str = "", *, persist: bool = True
+    ) -> None: ...
+
+    def persist(self) -> None: ...
+
+    def close_fd(self, fd: int) -> None: ...
+
+    def emit(self, event: SwapEvent) -> None: ...
+
+
 def _wait_all(
-    engine: Engine, pending: list[tuple[InstanceRecord, PendingReply]], timeout: float
+    pending: list[tuple[InstanceRecord, PendingReply]], timeout: float
 ) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
     """Wait for every reply; returns (instances that succeeded, (instance, why) that failed)."""
     ok: list[InstanceRecord] = []
@@ -101,7 +124,7 @@ def _broadcast(
             )
         except ConnectionLost as e:
             failed.append((inst, f"instance {inst.name}: {e}"))
-    ok, more = _wait_all(engine, pending, timeout or engine.settings.client_timeout_seconds)
+    ok, more = _wait_all(pending, timeout or engine.settings.client_timeout_seconds)
     return ok, failed + more
 
 
@@ -181,9 +204,11 @@ class Swapper:
         for name in victims:
             if need_bytes <= budget.view().available_bytes:
                 return
-            with e._mut:
-                v = e._models.get(name)
-            if v is None or v is m or v.config.gpu != m.config.gpu:
+            try:
+                v = e.model(name)
+            except UnknownModel:
+                continue
+            if v is m or v.config.gpu != m.config.gpu:
                 continue
             with v.lock:
                 if v.state is S.RESIDENT:

@@ -12,7 +12,7 @@ naming its file and field, and is skipped; the others are served. UIDs are stabl
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,3 @@ def read_folder(
             seen[model.uid] = file
             models.append(model)
     return models, problems
-
-
-def same_problems(a: Sequence[Problem], b: Sequence[Problem]) -> bool:
-    return [str(p) for p in a] == [str(p) for p in b]

@@ -49,10 +49,6 @@ class RunDir:
         return self.root / "agent-state"
 
     @property
-    def agent_endpoints(self) -> Path:
-        return self.agent_state / "agent.json"
-
-    @property
     def socket_dir(self) -> Path:
         return self.root / "sock"
 

@@ -154,15 +154,6 @@ class TritonDriver:
             return False
         return ready
 
-    async def wait_server_ready(self, timeout_seconds: float) -> None:
-        deadline = time.monotonic() + timeout_seconds
-        while not await self.server_ready():
-            if time.monotonic() >= deadline:
-                raise TritonUnavailable(
-                    f"Triton at {self.url} not ready within {timeout_seconds} s"
-                )
-            await asyncio.sleep(_POLL_SECONDS)
-
     async def load(self, uid: str, model_dir: Path, parameters: ModelswapParameters) -> str:
         """Load (or reload) the model of `uid` from `model_dir`; returns its Triton name.
 

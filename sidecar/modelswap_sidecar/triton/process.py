@@ -165,10 +165,6 @@ class TritonProcess:
         """`host:port`, as tritonclient wants it (no scheme)."""
         return f"{self.settings.host}:{self.ports.http}"
 
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.settings.host}:{self.ports.grpc}"
-
     @classmethod
     async def start(
         cls,

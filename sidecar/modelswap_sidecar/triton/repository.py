@@ -48,10 +48,6 @@ class ModelRepository:
         with contextlib.suppress(FileNotFoundError):
             self.path_of(name).unlink()
 
-    def target_of(self, name: str) -> Path | None:
-        path = self.path_of(name)
-        return path.resolve() if path.is_symlink() else None
-
     def names(self) -> list[str]:
         """The Triton model names linked here."""
         if not self.root.is_dir():
