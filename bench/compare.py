@@ -74,7 +74,9 @@ def run(reps: int, big_bytes: int) -> tuple[list[dict[str, Any]], list[str]]:
     notes: list[str] = []
     with (
         model_root(big_bytes) as root,
-        tempfile.TemporaryDirectory(prefix="modelswap-bench-compare-") as tmp,
+        # the node's run dir (its host store) in tmpfs, as DESIGN.md §4 has it; on disk,
+        # writeback and page-cache faults would be booked to the swap-in
+        tempfile.TemporaryDirectory(prefix="modelswap-bench-compare-", dir="/dev/shm") as tmp,
     ):
         work = Path(tmp)
         # the sim GPU holds every model at once (nothing is evicted to make room)

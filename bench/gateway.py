@@ -182,6 +182,30 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             f"{added['metrics']['p99_added_seconds'] * 1e3:.2f} ms",
             flush=True,
         )
+        # 2b. the same at a light load, without a target: what the gateway adds when the
+        # 2-core machine is not also saturated by the load generator and Triton
+        light = args.light_fraction * saturation
+        lat_l = await open_loop(session, urls, light, args.open_seconds / 2, seed=20260102)
+        pl = {k: (_pct(v, 0.5), _pct(v, 0.99)) for k, v in lat_l.items()}
+        rows.append(
+            results_schema.result(
+                "gateway_added_latency_light_load",
+                {"rate_per_second": light, "fraction_of_saturation": args.light_fraction,
+                 "seconds": args.open_seconds / 2,
+                 "requests": {k: len(v) for k, v in lat_l.items()}},
+                [pl["gateway"][0] - pl["direct"][0]],
+                p50_added_seconds=pl["gateway"][0] - pl["direct"][0],
+                p99_added_seconds=pl["gateway"][1] - pl["direct"][1],
+                p50_direct_seconds=pl["direct"][0],
+                p50_gateway_seconds=pl["gateway"][0],
+            )
+        )  # fmt: skip
+        print(
+            f"open loop {light:.0f} req/s: p50 added "
+            f"{(pl['gateway'][0] - pl['direct'][0]) * 1e3:.2f} ms, p99 added "
+            f"{(pl['gateway'][1] - pl['direct'][1]) * 1e3:.2f} ms",
+            flush=True,
+        )
         # 3. throughput at 100 concurrent, alternating windows
         tput: dict[str, list[float]] = {"direct": [], "gateway": []}
         for _ in range(args.windows):
@@ -295,6 +319,9 @@ NOTES = [
     "stream at load fraction x saturation in total, each arrival sent at random (seeded) to "
     "Triton or to the gateway, so both see the same load in the same seconds; added = the "
     "gateway's percentile minus Triton's.",
+    "gateway_added_latency_light_load: the same interleaved stream at light-fraction x "
+    "saturation (no target; shown beside the 50% figure to separate the gateway's own "
+    "cost from the queueing of a saturated 2-core machine).",
     "throughput_100_concurrent: 100 workers back to back, direct and gateway in "
     "alternating windows; medians of the windows.",
     "swap_in_control_overhead: the model swapped out (control API, untimed), then one "
@@ -310,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--open-seconds", type=float, default=30.0)
     p.add_argument("--load-fraction", type=float, default=0.5)
+    p.add_argument("--light-fraction", type=float, default=0.1)
     p.add_argument("--swap-reps", type=int, default=11)
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
@@ -317,7 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (make, timeout) unwinds through the context managers that stop the children
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load_start = results_schema.load_average()
-    with model_root(0) as root, tempfile.TemporaryDirectory(prefix="modelswap-bench-gw-") as tmp:
+    with (
+        model_root(0) as root,
+        tempfile.TemporaryDirectory(
+            prefix="modelswap-bench-gw-",
+            dir="/dev/shm",  # the host store in tmpfs (DESIGN §4)
+        ) as tmp,
+    ):
         from bench.local_node import make_big_model  # noqa: PLC0415
 
         make_big_model(root, TINY.weights_bytes)
