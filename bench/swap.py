@@ -498,18 +498,28 @@ def run_size(
 NOTES = [
     "Backend sim: 'HBM' is memfd chunks in host memory; copies are real memmoves, not paced "
     "(scaled: false). Figures describe the engine's overhead on this CPU, not a GPU link.",
-    "Ceiling: a plain copy of the model's bytes from its host-store file (the file the "
-    "swap-in reads, mapped read-only with MAP_POPULATE before timing) into a freshly created "
-    "pre-populated (allocated and zeroed) memfd chunk of the model's size; timed: mapping "
-    "that chunk MAP_SHARED|MAP_POPULATE plus one memmove, in one thread. Mapping the source "
-    "file is not in the ceiling (its median is reported as source_map_seconds); the client "
-    "maps each weight copy once and keeps that read-only mapping between swap-ins.",
+    "Ceiling (honest, same run): the fastest this machine moved the model's bytes from its "
+    "host-store file (mapped read-only with MAP_POPULATE before timing) into freshly "
+    "created, pre-populated (allocated and zeroed) memfd memory, freshly mapped "
+    "MAP_SHARED|MAP_POPULATE (the mapping is timed with the copy), by every means tried: "
+    "1..cores threads x (one mapping of the model's size, the copy split across the "
+    "threads | one mapping per 32 MiB engine chunk, each mapped and copied by one thread, "
+    "so mapping one overlaps copying another). Each repetition measures every means "
+    "(rows copy_<threads>t_<layout>) and its ceiling is the fastest of them; ceiling_copy "
+    "is the median of those. A ratio_to_ceiling above 1 would be a measurement error. "
+    "Mapping the source file is not in the ceiling (source_map_seconds); the client maps "
+    "each weight copy once and keeps that read-only mapping between swap-ins.",
+    "fixed_cost: least-squares lines through (model bytes, median seconds) of the swap-ins "
+    "and of the ceilings over the sizes run: the intercept is the per-swap-in fixed cost, "
+    "1/slope the marginal throughput. The profiles below come from a separate, untimed "
+    "run of the smallest size (profilers slow what they watch).",
     "Sync baseline: the same bytes one allocation (engine chunk, pool_chunk_bytes) at a "
     "time from the engine's own pre-populated pool: create, export, map MAP_POPULATE, copy, "
     "then the next, in one thread (how vLLM's sleep-mode wake-up copies).",
-    "Each repetition measures swap-out, ceiling, sync baseline (these two alternate in "
-    "order) and swap-in side by side, each after the pool refilled, so the shared machine's "
-    "noise hits all alike; one untimed swap cycle runs first. Medians of the repetitions.",
+    "Each repetition measures swap-out, every ceiling means and the sync baseline (their "
+    "order rotating from one repetition to the next) and swap-in side by side, each after "
+    "the pool refilled, so the shared machine's noise hits all alike; one untimed swap "
+    "cycle runs first. Medians of the repetitions.",
     "ratio_to_ceiling and ratio_to_sync_baseline are reference seconds / swap-in seconds "
     "(medians); > 1 means the swap-in was faster than the reference. paired_ratio_* are "
     "the median of the per-repetition ratios (each pair measured side by side).",
@@ -539,7 +549,7 @@ def paced_notes(pace_bytes_per_second: float) -> list[str]:
         "Sync baseline: one allocation (engine chunk) at a time, create, export, map "
         "MAP_POPULATE, copy paced to the same link, then the next (how vLLM's sleep-mode "
         "wake-up copies), in one thread.",
-        *NOTES[3:],
+        *NOTES[4:],  # each repetition, ratios, what swap_in and swap_out are
     ]
 
 
