@@ -337,8 +337,11 @@ class Swapper:
             m.state is S.LOADING and all(i.mapped for i in m.live_instances())
         ):
             return
-        if m.state in (S.DROPPED, S.FAILED):
+        if m.state in (S.DROPPED, S.FAILED):  # a swap-in too: fresh memory mapped again
+            started = time.perf_counter()
             self.reload_locked(m, victims)
+            m.swap_ins += 1
+            e.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=time.perf_counter() - started))
             return
         if m.state is not S.SWAPPED_OUT:
             raise WrongState(f"model {m.name} is {m.state}, not SwappedOut")
