@@ -83,8 +83,12 @@ bench-gateway: setup ## gateway vs straight to Triton: added p50/p99 at half sat
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.render
 
-bench-operator: setup ## the real operator, 2,000 ModelDeployments over 100 fake agents on the API emulator, then the same under cProfile (~10 min); writes bench/results, docs/BENCHMARKS.md
+bench-operator: setup ## the real operator, 2,000 ModelDeployments over 100 fake agents on the API emulator (~5 min); writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.operator_scale
+	$(BIN)/python -m bench.render
+
+.PHONY: bench-operator-profile
+bench-operator-profile: setup ## the same run with the operator and the emulator under cProfile: where the time to Ready goes (~10 min; not in make bench)
 	$(BIN)/python -m bench.operator_scale --profile
 	$(BIN)/python -m bench.render
 

@@ -520,8 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         rows[0].pop("targets", None)
     path = results_schema.write(
         "operator-profile" if args.profile else "operator",
-        "make bench-operator (python -m bench.operator_scale"
-        + (" --profile)" if args.profile else ")"),
+        "make bench-operator-profile (python -m bench.operator_scale --profile)"
+        if args.profile
+        else "make bench-operator (python -m bench.operator_scale)",
         rows,
         (PROFILE_NOTES if args.profile else NOTES) + notes,
         backend="none",

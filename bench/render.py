@@ -386,7 +386,7 @@ def _operator_table(doc: dict[str, Any]) -> list[str]:
 
 
 BENCHES["operator-profile"] = (
-    "make bench-operator (python -m bench.operator_scale --profile)",
+    "make bench-operator-profile (python -m bench.operator_scale --profile)",
     "the same run with the operator and the emulator under cProfile: where the time goes",
     "any Linux machine with `make setup`",
 )
