@@ -46,13 +46,13 @@ from tests.support.chart_world import (
     node_pod,
     operator,
     service_account_user,
-    until,
 )
 from tests.support.dashboard import dashboard_metrics, scraped_names
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
 from tests.support.service_calls import mlp_answers, slice_address
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 

@@ -17,16 +17,14 @@ their namespace and label selector are checked against the rendered chart instea
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +35,7 @@ import yaml
 from tests.support.agent_harness import Node, node
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_world import Objects, agent_config, emulator, operator
+from tests.support.waiting import until
 
 DOC = REPO_ROOT / "docs" / "operations.md"
 CHART = REPO_ROOT / "charts" / "modelswap"
@@ -248,17 +247,6 @@ def test_docker_build_commands_name_real_dockerfiles_and_the_version() -> None:
 
 
 # -- status and the node drain, against the emulator ----------------------------------------
-
-
-async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(probe)
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @contextlib.asynccontextmanager

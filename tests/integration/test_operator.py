@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,22 +20,11 @@ from tests.support.agent_harness import spawn
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_world import Objects, agents, emulator, operator
 from tests.support.service_calls import mlp_answers, slice_address, tinylm_completes
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 T = TypeVar("T")
 EXAMPLES = REPO_ROOT / "examples"
-
-
-async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0) -> T:
-    """Poll a blocking probe (off the loop) until it answers something truthy."""
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(probe)
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def ready(objects: Objects, name: str, namespace: str = "default") -> dict[str, Any] | None:

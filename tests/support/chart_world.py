@@ -33,11 +33,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client
@@ -490,18 +489,6 @@ async def node_pod(
             await pod.stop_agent()
         finally:
             await pod.triton.close()
-
-
-async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0) -> T:
-    """Poll a blocking probe (off the loop) until it answers something truthy."""
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(probe)
-        if last:
-            return cast(T, last)
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 # -- rights -------------------------------------------------------------------------------------
