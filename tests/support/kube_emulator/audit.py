@@ -13,7 +13,8 @@ class RequestRecord:
 
     `user` is "" when the emulator does not authenticate (and for 401s);
     `allowed` is the authorizer's decision (True when it does not authorize);
-    `code` the HTTP status of the answer."""
+    `code` the HTTP status of the answer; `fault` names an injected failure (`faults`),
+    "" for a request answered as the store says."""
 
     user: str
     verb: str
@@ -26,6 +27,7 @@ class RequestRecord:
     code: int
     method: str
     path: str
+    fault: str = ""
 
     @property
     def resource_with_subresource(self) -> str:

@@ -110,6 +110,12 @@ class Security:
         )  # fmt: skip
         return json_response(answered, 201)
 
+    def mark_fault(self, request: web.Request, fault: str) -> None:
+        """The answer to `request` is an injected failure: its record says which."""
+        record = request.get(_RECORD_KEY)
+        if record is not None:
+            request[_RECORD_KEY] = replace(record, fault=fault)
+
     async def _on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         record = request.get(_RECORD_KEY)
         if record is not None:

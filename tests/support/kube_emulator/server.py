@@ -43,6 +43,8 @@ aiohttp, no kmock import), with everything below made real:
 - a generated kubeconfig (by default a token is written but not checked: client-go sends
   no bearer token over plain HTTP, and the emulator serves plain HTTP on loopback only);
 - a request log (`request_log()`: user, verb, resource, namespace, name, allowed, code);
+- opt-in, `KubeEmulator(faults=FaultRates(...))`: seeded 409/429/500 answers and 504s
+  after a hold, at given rates per resource request (`faults`), marked in the request log;
 - opt-in, `KubeEmulator(tls=True)`: HTTPS with its own CA (in the kubeconfig), bearer-token
   authentication (the admin token in `system:masters`; ServiceAccount tokens from
   `token_for()` or TokenRequest, bound tokens carrying the node-name extra), the RBAC
@@ -65,6 +67,7 @@ or as a subprocess (`hosting.EmulatorProcess`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import secrets
@@ -79,8 +82,10 @@ from aiohttp import web
 from tests.support.kube_emulator import rbac
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.errors import ApiError, bad_request
+from tests.support.kube_emulator.faults import Fault, FaultInjector, FaultRates
 from tests.support.kube_emulator.handlers import Handlers, error_response, json_response
 from tests.support.kube_emulator.operations import Cluster
+from tests.support.kube_emulator.request_info import attributes
 from tests.support.kube_emulator.security import Security
 
 if TYPE_CHECKING:
@@ -106,6 +111,7 @@ class KubeEmulator:
         bookmark_interval_s: float = 1.0,
         tls: bool = False,
         auth: bool | None = None,
+        faults: FaultRates | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -119,6 +125,7 @@ class KubeEmulator:
 
             self.certificate = make_serving_certificate(_hosts(host))
         self.security = Security(self.cluster, self.token, enabled=tls if auth is None else auth)
+        self.faults = FaultInjector(faults) if faults is not None else None
         if self.security.enabled:
             for obj in rbac.bootstrap_objects():
                 self.create_object(obj)
@@ -148,6 +155,13 @@ class KubeEmulator:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
+        if self.faults is not None:
+            attrs = attributes(request.method, request.path, dict(request.query))
+            fault = self.faults.draw(
+                resource_request=attrs.resource_request, watch=attrs.verb == "watch"
+            )
+            if fault is not None:
+                return await self._inject(request, fault)
         try:
             return await handler(request)
         except ApiError as e:
@@ -157,6 +171,18 @@ class KubeEmulator:
         except Exception as e:  # a bug in the emulator: answer as the server would, and log it
             _log.exception("emulator failed on %s %s", request.method, request.path_qs)
             return error_response(ApiError(500, f"emulator internal error: {e!r}"))
+
+    async def _inject(self, request: web.Request, fault: Fault) -> web.Response:
+        """Answer `fault` instead of the store (which is not touched)."""
+        assert self.faults is not None
+        if fault.hold_seconds:
+            await asyncio.sleep(fault.hold_seconds)  # what a request past its deadline sees
+        self.security.mark_fault(request, f"injected {fault.code}")
+        retry_after = self.faults.rates.retry_after_seconds
+        response = error_response(fault.error(retry_after))
+        if fault.code == 429:
+            response.headers["Retry-After"] = str(retry_after)
+        return response
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/emulator/compact" and request.method == "POST":
