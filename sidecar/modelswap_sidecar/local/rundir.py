@@ -6,8 +6,11 @@
       token             the control API's bearer token (0600)
       agent.yaml        the agent's settings
       supervisor.json   the supervisor's state (children's pids, restarts)
-      agent-state/      the agent's state (agent.json: its ports), sock/, store/ (host
-                        store), repository/ (Triton's), source-cache/
+      agent-state/      the agent's state (agent.json: its ports)
+      sock/             the agent's client socket
+      store/            the host store
+      repository/       Triton's model repository
+      source-cache/     fetched sources, kept between runs; the four above are not
 
 Writes are atomic (a temporary file renamed over), so a reader never sees half a file.
 """
