@@ -140,7 +140,7 @@ def run_up_command(args: argparse.Namespace) -> int:
 
 def run_status_command(args: argparse.Namespace) -> int:
     from modelswap_sidecar.local.rundir import RunDir, pid_alive, read_json  # noqa: PLC0415
-    from modelswap_sidecar.local.status import rows, table  # noqa: PLC0415
+    from modelswap_sidecar.local.status import explanations, rows, table  # noqa: PLC0415
 
     run = RunDir(args.run_dir.resolve())
     state = read_json(run.state_file)
@@ -163,6 +163,8 @@ def run_status_command(args: argparse.Namespace) -> int:
         models, state.get("models", []), node_name=str(state["nodeName"]), now_seconds=time.time()
     )
     print(table(body))
+    for line in explanations(models):
+        print(line)
     for problem in state.get("problems", []):
         print(f"skipped: {problem}")
     print(f"gateway: {state['gatewayUrl']}")

@@ -5,7 +5,9 @@
 
 The models and their state come from the agent (`GET /v1/models` on its control API,
 found through the run directory's state file); AGE counts from the first push that
-carried the model. Files local mode refused are listed below the table.
+carried the model. Below the table: why each `Pending` or `Failed` model is so (the
+agent's reason and message, as `kubectl describe md` shows them), then the files local
+mode refused.
 """
 
 from __future__ import annotations
@@ -82,6 +84,23 @@ def rows(
                 short_age(now_seconds - float(applied)) if applied is not None else NONE,
             )
         )
+    return out
+
+
+#: Phases a user must be told the reason for: the model does not serve and will not by itself.
+EXPLAINED_PHASES = frozenset({"Pending", "Failed"})
+
+
+def explanations(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`name: Phase Reason: message` for each model in EXPLAINED_PHASES, in name order."""
+    out = []
+    for info in sorted(models, key=lambda m: (m.get("namespace", ""), m.get("name", ""))):
+        phase = str(info.get("phase", ""))
+        if phase not in EXPLAINED_PHASES:
+            continue
+        reason = info.get("reason") or "NoReason"
+        message = info.get("message") or "the agent reported no reason"
+        out.append(f"{info.get('name')}: {phase} {reason}: {message}")
     return out
 
 
