@@ -29,6 +29,7 @@ from aiohttp import web
 from modelswap_api.control import (
     ActionResult,
     Cause,
+    DesiredSet,
     ErrorBody,
     ModelList,
     check_uid,
@@ -85,7 +86,15 @@ async def start(app: web.Application) -> web.AppRunner:
     """Serve `app` on the settings' host and port; the caller cleans the runner up."""
     settings = app[SERVICE].settings
     ssl_context = ssl_context_of(settings)
-    runner = web.AppRunner(app, handler_cancellation=True)
+    # No request body is decoded (aiohttp would inflate a gzip bomb inside the event loop,
+    # before the token is checked): a Content-Encoding is a 415. The keep-alive timer also
+    # bounds a connection that trickles its headers.
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        auto_decompress=False,
+        keepalive_timeout=settings.idle_timeout_seconds,
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
     await site.start()
@@ -214,9 +223,34 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The body as sent: no Content-Encoding (415), within `body_timeout_seconds` (408);
+    its size is bounded by `client_max_size` (413)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise web.HTTPUnsupportedMediaType(
+            text=f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
+        )
+    timeout_seconds = request.app[SERVICE].settings.body_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            return await request.read()
+    except TimeoutError as e:
+        raise web.HTTPRequestTimeout(
+            text=f"the request body did not arrive within {timeout_seconds:g} s"
+        ) from e
+
+
+def _desired_set_of(raw: bytes) -> DesiredSet:
+    return parse_desired_set(decode_body(raw))
+
+
 async def _put_desired(request: web.Request) -> web.Response:
-    data = decode_body(await request.read())
-    result = await request.app[SERVICE].put_desired(parse_desired_set(data))
+    raw = await _read_body(request)
+    # Checking a large set (schema and CEL per entry) takes CPU time: in a thread, so the
+    # event loop goes on serving the gateway and the other routes meanwhile.
+    desired = await asyncio.to_thread(_desired_set_of, raw)
+    result = await request.app[SERVICE].put_desired(desired)
     return web.json_response(result.to_dict())
 
 

@@ -24,6 +24,11 @@ class ControlSettings:
     fencing_enabled: bool = True
     unload_check_interval_seconds: float = 1.0
     max_body_bytes: int = 16 << 20
+    #: Longest a request's body may take to arrive once its headers have (408 after).
+    body_timeout_seconds: float = 30.0
+    #: Longest a connection may stay open without a complete request's headers (idle
+    #: between keep-alive requests, or trickling them): closed after.
+    idle_timeout_seconds: float = 75.0
     #: HTTPS with this certificate (self-signed at start or configured; the SwapNode
     #: publishes it and the operator pins it); None: plain HTTP (local mode, tests).
     tls: ServingCertificate | None = None

@@ -74,7 +74,15 @@ async def start(app: web.Application) -> web.AppRunner:
     """Serve `app` on its settings' host and port (port 0: any free one, see `bound_port`);
     the caller cleans the runner up."""
     settings = app[GATEWAY].settings
-    runner = web.AppRunner(app, handler_cancellation=True)
+    # Bodies are decoded by `bodies.read_body`, in bounded steps (aiohttp would inflate a
+    # gzip bomb inside the event loop); the keep-alive timer also bounds a connection that
+    # trickles its headers, since it is not reset by bytes of an unfinished request.
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        auto_decompress=False,
+        keepalive_timeout=settings.idle_timeout_seconds,
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

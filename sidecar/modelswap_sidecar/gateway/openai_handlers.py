@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from modelswap_sidecar.gateway import openai, sse
+from modelswap_sidecar.gateway.bodies import decode_json, read_body
 from modelswap_sidecar.gateway.context import GATEWAY, Gateway
 from modelswap_sidecar.gateway.errors import (
-    BadRequestError,
     GatewayError,
     ModelStreamError,
     TritonRefusedError,
@@ -89,10 +89,13 @@ async def _text(
     request: web.Request, parse: Callable[[Any], openai.TextRequest]
 ) -> web.StreamResponse:
     gw = _gateway(request)
-    try:
-        body = await request.json()
-    except ValueError as e:
-        raise BadRequestError(f"the body is not JSON: {e}") from e
+    body = decode_json(
+        await read_body(
+            request,
+            max_bytes=gw.settings.max_openai_body_bytes,
+            timeout_seconds=gw.settings.body_timeout_seconds,
+        )
+    )
     text_request = parse(body)
     route = route_for(gw, request, text_request.model)
     exchange = Exchange(

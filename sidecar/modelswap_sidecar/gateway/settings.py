@@ -19,8 +19,16 @@ class GatewaySettings:
     retry_after_seconds: int = 1
     #: How often a client that asked for progress gets a `: swap-in <state>` line.
     progress_interval_seconds: float = 1.0
-    #: Largest request body accepted (v2 infer bodies carry tensors).
+    #: Largest request body accepted, sent and decoded (v2 infer bodies carry tensors).
     max_body_bytes: int = 64 << 20
+    #: Largest OpenAI request body (JSON text, parsed in the event loop: a long prompt is
+    #: well under it).
+    max_openai_body_bytes: int = 8 << 20
+    #: Longest a request's body may take to arrive once its headers have (408 after).
+    body_timeout_seconds: float = 60.0
+    #: Longest a connection may stay open without a complete request's headers: idle
+    #: between keep-alive requests, or trickling its headers (closed after).
+    idle_timeout_seconds: float = 75.0
     #: Connections to Triton at most (more requests wait for one).
     upstream_connections: int = 256
     upstream_connect_timeout_seconds: float = 10.0

@@ -29,6 +29,7 @@ import logging
 from aiohttp import web
 
 from modelswap_sidecar.gateway import sse
+from modelswap_sidecar.gateway.bodies import read_body
 from modelswap_sidecar.gateway.context import GATEWAY, Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
@@ -166,6 +167,15 @@ async def _model_ready(request: web.Request) -> web.Response:
         return web.Response(status=answer.status, body=body or None, headers=headers)
 
 
+async def _read_body(gw: Gateway, request: web.Request) -> bytes:
+    settings = gw.settings
+    return await read_body(
+        request,
+        max_bytes=settings.max_body_bytes,
+        timeout_seconds=settings.body_timeout_seconds,
+    )
+
+
 def _refuse_decoupled(route: ModelRoute, what: str) -> None:
     if route.decoupled:
         raise BadRequestError(
@@ -193,7 +203,7 @@ async def _whole(
     gw: Gateway, request: web.Request, route: ModelRoute, tail: str
 ) -> web.StreamResponse:
     """A request with one answer: forwarded as is, its answer renamed."""
-    body = await request.read()
+    body = await _read_body(gw, request)
     exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=False))
     try:
         headers = forwarded_headers(request.headers)
@@ -216,7 +226,7 @@ async def _generate_stream(request: web.Request) -> web.StreamResponse:
     """Triton's event stream passed through event by event, renamed."""
     gw = _gateway(request)
     route = route_for(gw, request, request.match_info["model"])
-    body = await request.read()
+    body = await _read_body(gw, request)
     exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=True))
     try:
         headers = forwarded_headers(request.headers)

@@ -1,0 +1,188 @@
+"""Request bodies read within limits: size (before and after decoding), time, encoding.
+
+The gateway's server does not decode bodies itself (`auto_decompress=False`): aiohttp
+inflates a gzip body as it arrives, inside the event loop and past any size limit, so a
+260 KB gzip body of zeros (256 MiB inflated) held every other request for half a second.
+Here a body is inflated in steps of at most `DECODE_STEP_BYTES`, the loop gets a turn
+between steps, and inflating stops as soon as the decoded size passes the limit.
+
+    body = await read_body(request, max_bytes=..., timeout_seconds=...)
+
+answers, naming the limit:
+
+- 413 PayloadTooLarge: more than `max_bytes` bytes sent, declared (`Content-Length`) or
+  decoded;
+- 408 RequestTimeout: the whole body did not arrive within `timeout_seconds` (a client
+  trickling its body, slowloris);
+- 415 UnsupportedContentEncoding: a `Content-Encoding` other than identity, gzip and
+  deflate;
+- 400 BadRequest: a gzip or deflate body that does not decode, is cut short, or has bytes
+  after its end.
+
+`decode_json` turns a body into JSON with the same care: UTF-8, nesting at most
+`MAX_JSON_DEPTH`, no non-finite numbers, else 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import zlib
+from typing import Any
+
+from aiohttp import web
+
+from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError
+
+#: Decoded bytes produced by one inflating step before the event loop gets a turn.
+DECODE_STEP_BYTES = 1 << 20
+#: Deepest nesting a JSON body may have (an OpenAI chat request is about 4 levels).
+MAX_JSON_DEPTH = 64
+#: Encodings the gateway decodes (`x-gzip` is gzip's old name, RFC 9110).
+ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
+
+
+class PayloadTooLargeError(GatewayError):
+    status = 413
+    reason = "PayloadTooLarge"
+
+
+class RequestTimeoutError(GatewayError):
+    status = 408
+    reason = "RequestTimeout"
+
+
+class UnsupportedEncodingError(GatewayError):
+    status = 415
+    reason = "UnsupportedContentEncoding"
+
+
+class _Inflater:
+    """gzip or deflate, inflated in bounded steps. HTTP's `deflate` is the zlib format, but
+    some clients send raw deflate: the first byte tells them apart (as aiohttp does)."""
+
+    def __init__(self, encoding: str) -> None:
+        self._encoding = encoding
+        self._decoder: Any = None
+
+    def _start(self, first: bytes) -> Any:
+        if self._encoding == "deflate":
+            zlib_header = first[0] & 0x0F == 8
+            return zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    async def feed(self, chunk: bytes, out: bytearray, max_bytes: int) -> None:
+        if not chunk:
+            return
+        if self._decoder is None:
+            self._decoder = self._start(chunk)
+        decoder = self._decoder
+        data = chunk
+        while data:
+            if decoder.eof:
+                raise BadRequestError(f"the {self._encoding} body has bytes after its end")
+            try:
+                out += decoder.decompress(data, DECODE_STEP_BYTES)
+            except zlib.error as e:
+                raise BadRequestError(f"the body is not valid {self._encoding}: {e}") from e
+            _check_size(len(out), max_bytes, decoded=True)
+            data = decoder.unconsumed_tail
+            if data:
+                await asyncio.sleep(0)  # let the loop serve others between steps
+        if decoder.eof and decoder.unused_data:
+            raise BadRequestError(f"the {self._encoding} body has bytes after its end")
+
+    def finish(self) -> None:
+        if self._decoder is not None and not self._decoder.eof:
+            raise BadRequestError(f"the {self._encoding} body is cut short")
+
+
+def _check_size(size: int, max_bytes: int, *, decoded: bool = False) -> None:
+    if size > max_bytes:
+        what = "decoded body" if decoded else "body"
+        raise PayloadTooLargeError(
+            f"the {what} is larger than the gateway's limit of {max_bytes} bytes"
+        )
+
+
+def _encoding_of(request: web.Request) -> str:
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+    if encoding not in ENCODINGS:
+        raise UnsupportedEncodingError(
+            f"Content-Encoding {encoding[:40]!r} is not supported: send identity, gzip or deflate"
+        )
+    return "gzip" if encoding == "x-gzip" else encoding
+
+
+async def read_body(request: web.Request, *, max_bytes: int, timeout_seconds: float) -> bytes:
+    """The request's body, decoded; a GatewayError as the module says when it cannot be."""
+    encoding = _encoding_of(request)
+    declared = request.content_length
+    if declared is not None:
+        _check_size(declared, max_bytes)
+    inflater = None if encoding == "identity" else _Inflater(encoding)
+    out = bytearray()
+    received = 0
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            async for chunk in request.content.iter_any():
+                received += len(chunk)
+                _check_size(received, max_bytes)
+                if inflater is None:
+                    out += chunk
+                else:
+                    await inflater.feed(chunk, out, max_bytes)
+    except TimeoutError as e:
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {timeout_seconds:g} s"
+        ) from e
+    if inflater is not None:
+        inflater.finish()
+    return bytes(out)
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
+def decode_json(body: bytes) -> Any:
+    """The body's JSON; BadRequestError when it is not UTF-8, not JSON, nested deeper than
+    `MAX_JSON_DEPTH` or holds a non-finite number."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequestError(f"the body is not UTF-8 (byte {e.start} is not valid)") from e
+    try:
+        data = json.loads(text, parse_float=_finite_float, parse_constant=_refuse_constant)
+    except RecursionError as e:
+        raise BadRequestError(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from e
+    except ValueError as e:
+        raise BadRequestError(f"the body is not JSON: {str(e)[:200]}") from e
+    if _depth_exceeds(data, MAX_JSON_DEPTH):
+        raise BadRequestError(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether `value` nests deeper than `limit` (iterative: no recursion to run out of)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
