@@ -19,24 +19,37 @@ client reconnects and readopts: it re-exports every chunk it maps (the sim mappe
 dup of each chunk fd for this), so no byte is copied and none is lost. Operations the
 agent started but did not finish are rolled back locally first: a drained model resumes,
 a half-mapped swap-in is unmapped.
+
+`Attachment` is a facade over small parts that take their collaborators in their
+constructors, wired once by `attach()`: the state gate (`_gate`: client state and the
+in-use gate), the regions (`regions.Regions`: reservations and `Region` records), the
+copier (`_copier`: save, map, restore), the KV host tier (`_kvhost`), the agent handler
+(`_handler`: the agent's requests, rollback and readopt) and the agent link (`_link`:
+connection, requests, heartbeats, reconnect). What the mapper can do (`on_device`,
+`host_accessible`, `device_ordinal`) it says itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from modelswap_api.wire import ErrorCode, Message, Op, RegionKind, RemoteError
+from modelswap_api.wire import Op
 from modelswap_client import _libc
-from modelswap_client._connecting import Connecting
-from modelswap_client._state import ClientState
+from modelswap_client._copier import Copier
+from modelswap_client._facts import AgentFacts
+from modelswap_client._gate import ClientState, StateGate
+from modelswap_client._handler import AgentHandler
+from modelswap_client._hooks import Hooks
+from modelswap_client._kvhost import KvHostTier
+from modelswap_client._link import AgentLink
 from modelswap_client.errors import ClientError
 from modelswap_client.kvpool import TieredKvPool
 from modelswap_client.mappers.base import Mapper, get_mapper
-from modelswap_client.regions import Region, RegionSpec, round_up
+from modelswap_client.regions import Region, Regions, RegionSpec
 
 __all__ = [
     "DEFAULT_COPY_PIECE_BYTES",
@@ -59,126 +72,129 @@ _libc.raise_fd_limit()
 Handler = Callable[["Attachment"], None]
 
 
-class Attachment(Connecting):
-    """One model instance's regions and its connection to the agent.
+class Attachment:
+    """One model instance's regions and its connection to the agent (built by `attach`)."""
 
-    What it holds is `_state.AttachmentState`'s; the connection and recovery are
-    `_connecting`'s, the swap handling `_swapping`'s, the copies `_copying`'s.
-    """
+    def __init__(
+        self,
+        model: str,
+        instance: str,
+        mapper: Mapper,
+        *,
+        gate: StateGate,
+        facts: AgentFacts,
+        regions: Regions,
+        kv_host: KvHostTier,
+        handler: AgentHandler,
+        link: AgentLink,
+        hooks: Hooks,
+        timeout_seconds: float,
+    ) -> None:
+        self.model = model
+        self.instance = instance
+        self.mapper = mapper
+        self.timeout_seconds = timeout_seconds
+        self._gate = gate
+        self._facts = facts
+        self._regions = regions
+        self._kv_host = kv_host
+        self._handler = handler
+        self._link = link
+        self._hooks = hooks
 
-    # -- public --------------------------------------------------------------------------
+    # -- what it is ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ClientState:
+        return self._gate.state
+
+    @property
+    def regions(self) -> dict[str, Region]:
+        """Tag → region, as asked for in `attach`."""
+        return self._regions.by_tag
+
+    @property
+    def restored(self) -> bool:
+        """The regions' bytes came from the host store: no load from the model source."""
+        return self._facts.restored
+
+    @property
+    def committed(self) -> bool:
+        """The weights are saved in the host store (`commit`)."""
+        return self._facts.committed
+
+    @property
+    def dropped(self) -> bool:
+        """The last swap-out dropped the model: the next swap-in maps fresh memory and the
+        runtime reloads from the source (see `restored`)."""
+        return self._facts.dropped
+
+    @property
+    def kv_discarded(self) -> bool:
+        """The last swap-out discarded the KV cache."""
+        return self._facts.kv_discarded
+
+    @property
+    def epoch(self) -> int:
+        return self._facts.epoch
+
+    @property
+    def kv_offload_after_tokens(self) -> int | None:
+        """The KV policy's `offloadAfterTokens` (None: no host tier)."""
+        return self._kv_host.offload_after_tokens
+
+    @property
+    def kv_host_bytes(self) -> int:
+        return self._kv_host.host_bytes
+
+    # -- what it does ----------------------------------------------------------------------
 
     def on_swap_out(self, handler: Handler) -> None:
         """Run after in-flight work drained, before the memory is unmapped."""
-        self._on_swap_out.append(handler)
+        self._hooks.swap_out.append(functools.partial(handler, self))
 
     def on_swap_in(self, handler: Handler) -> None:
         """Run after a swap-in restored every region."""
-        self._on_swap_in.append(handler)
+        self._hooks.swap_in.append(functools.partial(handler, self))
 
     def on_readopt(self, handler: Handler) -> None:
         """Run after reconnecting to a restarted agent."""
-        self._on_readopt.append(handler)
+        self._hooks.readopt.append(functools.partial(handler, self))
 
     def kv_pool(self, tag: str, *, block_bytes: int, tokens_per_block: int) -> TieredKvPool:
         """A tiered KV pool over KV region `tag` (the HBM tier), configured by the model's
         policy: sequences longer than `offloadAfterTokens` get blocks from the host tier,
         `hostBytes` of an agent-owned host-store file (LRU when full). Without a host tier
         in the policy, every block comes from HBM."""
-        r = self.regions[tag]
-        if r.kind is not RegionKind.KV:
-            raise ClientError(f"region {tag} is {r.kind}, not kv", ErrorCode.BAD_REQUEST)
-        host, offload = self._kv_host, self.kv_offload_after_tokens
-        if host is None or offload is None:  # no host tier: every block from HBM
-            return TieredKvPool(
-                r.address,
-                r.size_bytes,
-                block_bytes=block_bytes,
-                tokens_per_block=tokens_per_block,
-                offload_after_tokens=sys.maxsize,
-                host_bytes=0,
-            )
-        return TieredKvPool(
-            r.address,
-            r.size_bytes,
-            block_bytes=block_bytes,
-            tokens_per_block=tokens_per_block,
-            offload_after_tokens=offload,
-            host_bytes=self.kv_host_bytes,
-            host_address=host.address,
+        return self._kv_host.pool(
+            self._regions[tag], block_bytes=block_bytes, tokens_per_block=tokens_per_block
         )
-
-    def _take_kv_host_tier(self, reply: Message) -> None:
-        """Map the host-tier file the attach reply carries (writable), then close its fd."""
-        doc = reply.body.get("kv_pool")
-        if not doc:
-            reply.close_fds()
-            return
-        fd = reply.fds[int(doc["fd"])]
-        try:
-            size = int(doc["host_bytes"])
-            if self._kv_host is not None:
-                self.mapper.unmap_host(self._kv_host)
-                self._kv_host = None
-            self._kv_host = self.mapper.map_host(fd, size, writable=True)
-            self.kv_offload_after_tokens = int(doc["offload_after_tokens"])
-            self.kv_host_bytes = size
-        finally:
-            reply.close_fds()
 
     def commit(self) -> None:
         """Weights are loaded: the agent saves them to the host store, once."""
-        reply = self._request(Op.COMMIT, {})
-        self.committed = bool(reply.body.get("committed"))
+        reply = self._link.request(Op.COMMIT, {})
+        self._facts.committed = bool(reply.body.get("committed"))
 
     @contextlib.contextmanager
     def in_use(self, timeout_seconds: float | None = None) -> Iterator[None]:
         """Hold off swap-out while the body runs; swap the model in first if it is out."""
         deadline = time.monotonic() + (timeout_seconds or self.timeout_seconds)
-        with self._cond:
-            while True:
-                if self._state is ClientState.REMOVED:
-                    raise ClientError(f"{self.model} was removed", ErrorCode.REMOVED)
-                if self._state is ClientState.RESIDENT and self._drain_token is None:
-                    self._in_use += 1
-                    break
-                if self._state is ClientState.SWAPPED_OUT:
-                    self._cond.release()
-                    try:
-                        self._request(Op.SWAP_IN, {}, deadline=deadline)
-                    finally:
-                        self._cond.acquire()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self.model}: not resident within the deadline")
-                self._cond.wait(remaining)
+        self._gate.enter(deadline, self._swap_in)
         try:
             yield
         finally:
-            with self._cond:
-                self._in_use -= 1
-                self._cond.notify_all()
+            self._gate.leave()
+
+    def _swap_in(self, deadline: float) -> None:
+        self._link.request(Op.SWAP_IN, {}, deadline=deadline)
 
     def close(self) -> None:
-        """Detach: unmap everything, give the reservations back, close the connection."""
-        with self._cond:
-            self._closing = True
-        self._heartbeat_stop.set()
-        if self._heartbeat_thread is not None:
-            self._heartbeat_thread.join(timeout=self.heartbeat_interval_seconds + 1)
-        peer = self._peer
-        if peer is not None:
-            peer.close()
-        with self._op_lock:
-            self.mapper.synchronize()
-            self._unmap_all()
-            self._drop_weight_sources()
-            self._drop_kv_host_tier()
-            for r in self._reservations:
-                self.mapper.free_reservation(r)
-            self._reservations = []
-            self.mapper.close()
+        """Detach: close the connection, unmap everything, give the reservations back."""
+        self._gate.close()
+        self._link.close()
+        self._handler.release()
+        self._regions.free()
+        self.mapper.close()
 
 
 def attach(
@@ -208,47 +224,53 @@ def attach(
         raise ClientError(f"no agent socket: pass socket_path or set {SOCKET_ENV}")
     options = {} if device is None else {"device": device}
     backend = mapper if isinstance(mapper, Mapper) else get_mapper(mapper, **options)
+    gate, facts, hooks = StateGate(model), AgentFacts(), Hooks()
+    reserved = Regions(backend)
+    kv_host = KvHostTier(backend)
+    copier = Copier(backend, reserved, copy_piece_bytes)
+    handler = AgentHandler(
+        model,
+        backend,
+        gate=gate,
+        facts=facts,
+        regions=reserved,
+        copier=copier,
+        kv_host=kv_host,
+        hooks=hooks,
+    )
+    link = AgentLink(
+        path,
+        model,
+        instance,
+        handler=handler,
+        gate=gate,
+        facts=facts,
+        hooks=hooks,
+        timeout_seconds=timeout_seconds,
+        reconnect_timeout_seconds=reconnect_timeout_seconds,
+        heartbeat_interval_seconds=heartbeat_interval_seconds,
+    )
     att = Attachment(
         model,
         instance,
-        path,
         backend,
+        gate=gate,
+        facts=facts,
+        regions=reserved,
+        kv_host=kv_host,
+        handler=handler,
+        link=link,
+        hooks=hooks,
         timeout_seconds=timeout_seconds,
-        reconnect_timeout_seconds=reconnect_timeout_seconds,
-        copy_piece_bytes=copy_piece_bytes,
-        heartbeat_interval_seconds=heartbeat_interval_seconds,
     )
     try:
-        for spec in regions:
-            reserved = round_up(spec.size_bytes)
-            reservation = backend.reserve(reserved)
-            att._reservations.append(reservation)
-            att.regions[spec.tag] = Region(
-                spec.tag,
-                RegionKind(spec.kind),
-                spec.size_bytes,
-                reserved,
-                reservation.address,
-                on_device=backend.name != "sim",
-                host_accessible=backend.name in ("sim", "managed"),
-                device_ordinal=int(getattr(backend, "ordinal", 0)),
-            )
-        try:
-            att._peer = att._connect()
-        except RemoteError as e:
-            raise ClientError(f"{model}: registration refused: {e.message}", e.code) from e
-        att._connected.set()
-        att._start_heartbeats()
-        body = {
-            "regions": [
-                {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}
-                for r in att.regions.values()
-            ]
-        }
-        reply = att._request(Op.ATTACH, body)
-        att._take_kv_host_tier(reply)
-        att.restored = bool(reply.body.get("restored"))
-        att.committed = att.restored
+        reserved.reserve(regions)
+        link.open()
+        # the agent maps and restores the regions (MAP, RESTORE through the handler)
+        # before it answers
+        reply = link.request(Op.ATTACH, {"regions": reserved.layout()})
+        kv_host.take(reply)
+        facts.restored = facts.committed = bool(reply.body.get("restored"))
     except BaseException:
         att.close()
         raise

@@ -1,16 +1,19 @@
-"""Regions: what a model asks for (`RegionSpec`) and what it gets (`Region`), a range at a
-stable address with byte, numpy, torch, cupy and CUDA views over it."""
+"""Regions: what a model asks for (`RegionSpec`), what it gets (`Region`, a range at a
+stable address with byte, numpy, torch, cupy and CUDA views over it), and `Regions`, a
+model's set of them: each range reserved once through the mapper, held until `free`."""
 
 from __future__ import annotations
 
 import ctypes
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from modelswap_api.wire import ErrorCode, RegionKind
 from modelswap_client.cuda_views import DTYPES, CudaView
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import GRANULARITY_BYTES, Handle
+from modelswap_client.mappers.base import GRANULARITY_BYTES, Handle, Mapper, Reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +92,83 @@ class Region:
 
 def round_up(n: int) -> int:
     return -(-n // GRANULARITY_BYTES) * GRANULARITY_BYTES
+
+
+class Regions:
+    """A model's regions by tag, each over an address range reserved once (`reserve`) and
+    kept across swaps until `free`. What is mapped in a region is in its `handles`."""
+
+    def __init__(self, mapper: Mapper) -> None:
+        self._mapper = mapper
+        #: tag → region, in the order they were asked for (the public `Attachment.regions`)
+        self.by_tag: dict[str, Region] = {}
+        self._reservations: list[Reservation] = []
+
+    def reserve(self, specs: Sequence[RegionSpec]) -> None:
+        """Reserve each spec's range (rounded up to the granularity). What the mapper is
+        (on the GPU, reachable from the CPU, which GPU) becomes each region's view rules."""
+        mapper = self._mapper
+        for spec in specs:
+            reserved = round_up(spec.size_bytes)
+            reservation = mapper.reserve(reserved)
+            self._reservations.append(reservation)
+            self.by_tag[spec.tag] = Region(
+                spec.tag,
+                RegionKind(spec.kind),
+                spec.size_bytes,
+                reserved,
+                reservation.address,
+                on_device=mapper.on_device,
+                host_accessible=mapper.host_accessible,
+                device_ordinal=mapper.device_ordinal,
+            )
+
+    def __getitem__(self, tag: str) -> Region:
+        return self.by_tag[tag]
+
+    def __iter__(self) -> Iterator[Region]:
+        return iter(self.by_tag.values())
+
+    def __len__(self) -> int:
+        return len(self.by_tag)
+
+    def unmap_all(self) -> None:
+        """Unmap and release every mapped chunk (`synchronize()` the mapper first)."""
+        for r in self.by_tag.values():
+            for offset, size, h in r.handles:
+                self._mapper.unmap(r.address + offset, size)
+                self._mapper.release(h)
+            r.handles = []
+
+    def free(self) -> None:
+        """Give every reservation back; nothing may be mapped any more."""
+        for reservation in self._reservations:
+            self._mapper.free_reservation(reservation)
+        self._reservations = []
+
+    def layout(self) -> list[dict[str, Any]]:
+        """The regions as the attach request names them."""
+        return [self._layout_of(r) for r in self.by_tag.values()]
+
+    def export(self, *, mapped: bool) -> tuple[list[dict[str, Any]], list[int]]:
+        """The regions as a readopt names them, with a new fd for every mapped chunk (the
+        caller sends and closes them); `mapped` False: layouts only, no chunks."""
+        fds: list[int] = []
+        regions = []
+        try:
+            for r in self.by_tag.values():
+                chunks = []
+                if mapped:
+                    for offset, size, h in r.handles:
+                        chunks.append({"offset": offset, "bytes": size, "fd": len(fds)})
+                        fds.append(self._mapper.export_fd(h))
+                regions.append({**self._layout_of(r), "chunks": chunks})
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return regions, fds
+
+    @staticmethod
+    def _layout_of(r: Region) -> dict[str, Any]:
+        return {"tag": r.tag, "bytes": r.reserved_bytes, "kind": str(r.kind), "address": r.address}

@@ -106,6 +106,24 @@ class Mapper(abc.ABC):
     #: False for `managed`: memory cannot come from (or go to) another process
     supports_fds: bool = True
 
+    # -- what the memory it maps is (callers ask these, never the backend's name) --------
+
+    @property
+    @abc.abstractmethod
+    def on_device(self) -> bool:
+        """True: mapped memory is GPU memory (cuda-vmm, managed); False: host memory (sim)."""
+
+    @property
+    @abc.abstractmethod
+    def host_accessible(self) -> bool:
+        """True: the CPU may load and store mapped memory directly (sim; managed memory is
+        unified); False: only copies and GPU kernels reach it (cuda-vmm)."""
+
+    @property
+    @abc.abstractmethod
+    def device_ordinal(self) -> int:
+        """This process's CUDA ordinal of the GPU holding mapped memory (0 for host memory)."""
+
     @abc.abstractmethod
     def granularity_bytes(self) -> int:
         """Addresses, sizes and offsets are multiples of this (2 MiB)."""

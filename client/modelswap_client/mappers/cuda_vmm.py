@@ -123,6 +123,18 @@ class CudaVmmMapper(Mapper):
     name = "cuda-vmm"
     supports_fds = True
 
+    @property
+    def on_device(self) -> bool:
+        return True
+
+    @property
+    def host_accessible(self) -> bool:
+        return False  # cuMemMap'd memory: only copies and kernels reach it
+
+    @property
+    def device_ordinal(self) -> int:
+        return self.ordinal
+
     def __init__(
         self,
         *,

@@ -72,6 +72,18 @@ class ManagedMapper(Mapper):
     name = "managed"
     supports_fds = False
 
+    @property
+    def on_device(self) -> bool:
+        return True
+
+    @property
+    def host_accessible(self) -> bool:
+        return True  # unified memory: the CPU faults pages over
+
+    @property
+    def device_ordinal(self) -> int:
+        return self.ordinal
+
     def __init__(
         self,
         *,

@@ -156,6 +156,18 @@ class _Stream:
 class SimMapper(Mapper):
     name = "sim"
 
+    @property
+    def on_device(self) -> bool:
+        return False  # memfd chunks: host memory standing in for a GPU's
+
+    @property
+    def host_accessible(self) -> bool:
+        return True
+
+    @property
+    def device_ordinal(self) -> int:
+        return 0
+
     def __init__(
         self,
         *,

@@ -1,0 +1,26 @@
+"""What the agent has told an attachment: the epoch it is at and what its memory holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class AgentFacts:
+    """Written by whoever reads the agent's answer (attach, commit, swap requests,
+    readopt); read through `Attachment`'s properties of the same names."""
+
+    #: the highest epoch seen; requests carry it, and an agent request below it is stale
+    epoch: int = 0
+    #: the regions' bytes came from the host store (no load from the model source needed)
+    restored: bool = False
+    #: the weights are saved in the host store
+    committed: bool = False
+    #: the last swap-out discarded the KV cache
+    kv_discarded: bool = False
+    #: the last swap-out dropped the model (onSwapOut: drop): the next swap-in maps fresh
+    #: memory and the runtime reloads from the source (see `restored`)
+    dropped: bool = False
+
+    def advance(self, epoch: int) -> None:
+        self.epoch = max(self.epoch, epoch)
