@@ -13,6 +13,15 @@ them under `fieldValidation=Strict`), apply schema defaults, check the OpenAPI s
 node whose subtree passed the schema checks. Root `apiVersion`, `kind` and `metadata` pass
 through: ObjectMeta is the API machinery's business, not the CRD schema's.
 
+CEL work is bounded before anything runs, as kube-apiserver bounds its cost: a schema whose
+rules could run more than `MAX_CEL_EVALUATIONS` times on one object (a rule inside a list
+or map runs once per item, up to its `maxItems`/`maxProperties`; one without a bound makes
+the worst case unknown, `cel_worst_case` None) is refused when it is compiled, naming the
+node; a string a rule reads is within its `maxLength` where it has one (a subtree with a
+schema error is not given to CEL). Evaluations are also counted per object, and past the
+budget the rest are not run and the object is refused, naming the limit, as the API server
+does.
+
 Used by `modelswap validate`, local mode, the operator's tests and the API emulator.
 """
 
@@ -80,6 +89,9 @@ class _Node:
 
 #: At most this many bound errors are reported per object (the first ones found).
 MAX_BOUND_ERRORS = 16
+#: Most CEL rule evaluations on one object (the ModelDeployment schema's worst case is 36:
+#: one rule per toleration, 32 at most, and four others).
+MAX_CEL_EVALUATIONS = 1_000
 
 
 def bounds_errors(node: _Node, value: Any) -> list[FieldError]:
@@ -189,6 +201,7 @@ class SchemaValidator:
     def __init__(self, schema: Mapping[str, Any], *, kind: str = "object") -> None:
         self.kind = kind
         self._root = _compile_node(schema, "")
+        self.cel_worst_case = _cel_worst_case(self._root, "")
         json_schema = to_json_schema(schema)
         jsonschema.Draft4Validator.check_schema(json_schema)
         self._schema_validator = jsonschema.Draft4Validator(
@@ -228,8 +241,11 @@ class SchemaValidator:
         _apply_defaults(self._root, value, at_root=True)
         errors = sorted(set(self._schema_errors(value)))
         failed_paths = [e.path for e in errors]
+        budget = _CelBudget(MAX_CEL_EVALUATIONS)
         cel_errors = list(
-            _cel_errors(self._root, value, dict(old) if old else None, "", failed_paths)
+            _cel_errors(
+                self._root, value, dict(old) if old else None, "", failed_paths, budget=budget
+            )
         )
         return ValidationResult(
             object=value,
@@ -350,15 +366,69 @@ def _subtree_failed(path: str, failed_paths: list[str]) -> bool:
     return any(p == path or p.startswith((f"{path}.", f"{path}[")) for p in failed_paths)
 
 
+class _CelBudget:
+    """Evaluations left for one object; the first refusal past it is reported once."""
+
+    def __init__(self, evaluations: int) -> None:
+        self.left = evaluations
+        self.exhausted = False
+
+    def spend(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _cel_worst_case(node: _Node, where: str, times: int = 1) -> int | None:
+    """Most rule evaluations one object can cost (`times`: how often `node` can occur);
+    None when a rule sits under a list or map without a bound (the per-object budget still
+    holds); CrdError when the total passes `MAX_CEL_EVALUATIONS`."""
+    total: int | None = times * len(node.rules)
+    children: list[tuple[_Node, str, int | None]] = [
+        (child, join_path(where, name), 1) for name, child in node.properties.items()
+    ]
+    if node.items is not None:
+        children.append((node.items, f"{where}[*]", node.max_items))
+    if node.additional is not None:
+        children.append((node.additional, f"{where}[*]", node.max_properties))
+    for child, child_where, bound in children:
+        if bound is None:
+            if _has_rules(child):
+                total = None
+            continue
+        below = _cel_worst_case(child, child_where, times * bound)
+        total = None if total is None or below is None else total + below
+    if total is not None and total > MAX_CEL_EVALUATIONS:
+        raise CrdError(
+            f"{where or '<root>'}: CEL rules could run {total} times on one object, over the "
+            f"limit of {MAX_CEL_EVALUATIONS} (MAX_CEL_EVALUATIONS)"
+        )
+    return total
+
+
+def _has_rules(node: _Node) -> bool:
+    children = [*node.properties.values(), node.items, node.additional]
+    return bool(node.rules) or any(c is not None and _has_rules(c) for c in children)
+
+
 def _cel_errors(
-    node: _Node, value: Any, old: Any, path: str, failed_paths: list[str]
+    node: _Node, value: Any, old: Any, path: str, failed_paths: list[str], *, budget: _CelBudget
 ) -> Iterator[FieldError]:
-    if value is None:
+    if value is None or budget.exhausted:
         return
     if node.rules and not _subtree_failed(path, failed_paths):
         for rule in node.rules:
             if rule.is_transition_rule and old is None:
                 continue
+            if not budget.spend():
+                budget.exhausted = True
+                yield FieldError(
+                    path,
+                    fe.INVALID,
+                    "Invalid value: validation failed due to running out of cost budget "
+                    f"({MAX_CEL_EVALUATIONS} CEL evaluations per object), no further "
+                    "validation rules will be run",
+                )
+                return
             if not rule.holds(value, old):
                 where = (
                     path + rule.field_path
@@ -373,13 +443,25 @@ def _cel_errors(
         for key, child in node.properties.items():
             if key in value:
                 yield from _cel_errors(
-                    child, value[key], old_map.get(key), join_path(path, key), failed_paths
+                    child,
+                    value[key],
+                    old_map.get(key),
+                    join_path(path, key),
+                    failed_paths,
+                    budget=budget,
                 )
         if node.additional is not None:
             for key, item in value.items():
                 yield from _cel_errors(
-                    node.additional, item, old_map.get(key), join_path(path, key), failed_paths
+                    node.additional,
+                    item,
+                    old_map.get(key),
+                    join_path(path, key),
+                    failed_paths,
+                    budget=budget,
                 )
     elif isinstance(value, list) and node.items is not None:
         for index, item in enumerate(value):
-            yield from _cel_errors(node.items, item, None, join_path(path, index), failed_paths)
+            yield from _cel_errors(
+                node.items, item, None, join_path(path, index), failed_paths, budget=budget
+            )
