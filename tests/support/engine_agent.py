@@ -36,7 +36,6 @@ from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.server import EngineServer, harden_process
-from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -63,9 +62,9 @@ def status_doc(engine: Engine, allocator: SimAllocator) -> dict[str, Any]:
                 "allocator_used_bytes": allocator.memory_info(Location.device(g)).used_bytes,
                 "pooled_bytes": allocator.pooled_bytes(Location.device(g)),
                 "capacity_bytes": allocator.memory_info(Location.device(g)).total_bytes,
-                "host_store_bytes": engine.store.used_bytes(g),
+                "host_store_bytes": engine.host_store_bytes(g),
             }
-            for g in sorted(engine.budgets)
+            for g in engine.gpus
         ],
     }
 
@@ -113,14 +112,8 @@ def lru_decider(engine: Engine) -> Callable[[str], None]:
     policy instead)."""
 
     def decide(name: str) -> None:
-        m = engine.model(name)
-        others = [
-            v
-            for v in engine.models_on_gpu(m.config.gpu)
-            if v is not m and v.state is EngineState.RESIDENT
-        ]
-        others.sort(key=lambda v: v.last_used)
-        engine.swap_in(name, victims=[v.name for v in others])
+        others = [v for v in engine.residents_by_last_use(engine.gpu_of(name)) if v != name]
+        engine.swap_in(name, victims=others)
 
     return decide
 

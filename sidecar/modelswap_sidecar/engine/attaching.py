@@ -1,25 +1,56 @@
 """Attaching a client's regions (mapped, and restored from the host store when a copy
-exists), its KV host tier, and committing its weights to the host store."""
+exists), its KV host tier, and committing its weights to the host store.
+
+An attach holds the GPU's allocation lock and the model's operation lock, like a
+swap-in (it may make room the same way); a commit holds the model's operation lock."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from modelswap_api.wire import Message, Op, RegionKind, reply_to
 from modelswap_sidecar.allocators.base import GRANULARITY_BYTES
 from modelswap_sidecar.engine.errors import ProtocolViolation, WrongState
+from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.ledger import GpuLedger
 from modelswap_sidecar.engine.records import InstanceRecord, ModelRecord, RegionRecord
 from modelswap_sidecar.engine.recovery import Recovery
+from modelswap_sidecar.engine.settings import EngineSettings
 from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.engine.swaps import Swapper
+from modelswap_sidecar.engine.table import ModelTable
+from modelswap_sidecar.engine.transport import Transport, close_fd, request
 
 S = EngineState
 
 
-class Attaching(Recovery):
+class Attacher:
     """A client's attach and commit."""
 
-    def _attach(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+    def __init__(
+        self,
+        *,
+        table: ModelTable,
+        ledger: GpuLedger,
+        swapper: Swapper,
+        recovery: Recovery,
+        transport: Transport,
+        store: HostStore,
+        settings: EngineSettings,
+        checkpoint: Callable[[str], None],
+    ) -> None:
+        self.table = table
+        self.ledger = ledger
+        self.swapper = swapper
+        self.recovery = recovery
+        self.transport = transport
+        self.store = store
+        self.settings = settings
+        self.checkpoint = checkpoint
+
+    def attach(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
         specs = message.body.get("regions", [])
         layout: dict[str, RegionRecord] = {}
         for s in specs:
@@ -29,15 +60,15 @@ class Attaching(Recovery):
             layout[str(s["tag"])] = RegionRecord(
                 str(s["tag"]), size, RegionKind(s["kind"]), address
             )
-        self._wait_recovered()
-        with self._gpu_locks[m.config.gpu], m.lock:
+        self.recovery.wait()
+        with self.ledger.allocation_lock(m.config.gpu), m.lock:
             if inst.mapped:
                 raise WrongState(f"instance {inst.name} of {m.name} is already attached")
             same = set(layout) == set(inst.regions) and all(
                 (r.size_bytes, r.kind) == (inst.regions[t].size_bytes, inst.regions[t].kind)
                 for t, r in layout.items()
             )
-            with self._mut:
+            with self.table.lock:
                 if not same:  # a new layout: the old host copies do not fit it
                     for r in inst.regions.values():
                         for f in (r.weights_file, r.kv_file):
@@ -54,7 +85,7 @@ class Attaching(Recovery):
                 self._bring_in_attached(m, inst)
             except BaseException:
                 if kv_fd is not None:
-                    self.close_fd(kv_fd)
+                    close_fd(kv_fd)
                 raise
         regions = [
             {"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
@@ -83,9 +114,9 @@ class Attaching(Recovery):
         if f is None:
             rel = self.store.relpath(m.config.gpu, m.name, inst.name, "kv-host-tier", "kvhost")
             f = self.store.commit(self.store.stage(m.config.gpu, rel, size))
-            with self._mut:
+            with self.table.lock:
                 inst.kv_host_file = f
-                self.persist()
+                self.table.persist()
         return self.store.open_writable(f)
 
     def _bring_in_attached(self, m: ModelRecord, inst: InstanceRecord) -> None:
@@ -98,13 +129,13 @@ class Attaching(Recovery):
             self.swapper.bring_in(m, [inst], track_states=False)
             m.last_used = time.monotonic()
             if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
-                self.set_state(m, S.RESIDENT, "restored from the host store")
+                self.table.set_state(m, S.RESIDENT, "restored from the host store")
             else:
-                self.persist()
+                self.table.persist()
         else:
             raise WrongState(f"model {m.name} is {m.state}")
 
-    def _commit(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+    def commit(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
         with m.lock:
             if inst.committed:
                 return reply_to(message, m.epoch, {"committed": True})
@@ -123,11 +154,13 @@ class Attaching(Recovery):
                             for n, (r, _) in enumerate(stagings)
                         ]
                     }
-                    inst.peer.request(
+                    request(
+                        self.transport,
+                        inst,
                         Op.SAVE,
-                        body,
                         m.epoch,
-                        [st.fd for _, st in stagings],
+                        body,
+                        fds=[st.fd for _, st in stagings],
                         timeout_seconds=self.settings.client_timeout_seconds,
                     )
             except BaseException:
@@ -137,12 +170,12 @@ class Attaching(Recovery):
             self.checkpoint("commit.saved")
             committed = [(r, self.store.commit(st)) for r, st in stagings]
             self.checkpoint("commit.renamed")
-            with self._mut:
+            with self.table.lock:
                 for r, stored in committed:
                     r.weights_file = stored
                 inst.committed = True
                 if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
-                    self.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
+                    self.table.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
                 else:
-                    self.persist()  # after the data: the state file names whole copies only
+                    self.table.persist()  # after the data: the state file names whole copies only
         return reply_to(message, m.epoch, {"committed": True})

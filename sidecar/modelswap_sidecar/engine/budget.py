@@ -48,7 +48,6 @@ class HbmBudget:
         self._estimate = overhead_bytes_per_process
         #: process key (pid, or any key the engine uses) → its overhead: measured or estimate
         self._overheads: dict[int, int] = {}
-        self._measured: set[int] = set()
         self._used = 0
         self._lock = threading.Lock()
 
@@ -95,21 +94,13 @@ class HbmBudget:
                 self._overheads.setdefault(key, self._estimate)
             else:
                 self._overheads[key] = measured_bytes
-                self._measured.add(key)
 
     def set_measured(self, key: int, measured_bytes: int | None) -> None:
         """A fresh measurement of an attached process; None keeps what it has."""
         with self._lock:
             if key in self._overheads and measured_bytes is not None:
                 self._overheads[key] = measured_bytes
-                self._measured.add(key)
 
     def process_detached(self, key: int) -> None:
         with self._lock:
             self._overheads.pop(key, None)
-            self._measured.discard(key)
-
-    def overheads(self) -> dict[int, tuple[int, bool]]:
-        """key → (overhead bytes, whether it was measured rather than estimated)."""
-        with self._lock:
-            return {k: (v, k in self._measured) for k, v in self._overheads.items()}

@@ -5,8 +5,11 @@ that started it returns). The agent records swaps and metrics from these, at the
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 class SwapKind(enum.StrEnum):
@@ -31,3 +34,21 @@ class SwapEvent:
 
 
 SwapListener = Callable[[SwapEvent], None]
+
+
+class SwapEvents:
+    """The listeners of the engine's swaps. Subscribed at assembly, before any swap."""
+
+    def __init__(self) -> None:
+        self._listeners: list[SwapListener] = []
+
+    def subscribe(self, listener: SwapListener) -> None:
+        """Call `listener` with every completed swap (from the thread that did it)."""
+        self._listeners.append(listener)
+
+    def emit(self, event: SwapEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("swap listener failed on %s", event)

@@ -164,9 +164,6 @@ class HostStore:
         (self.root / stored.relpath).unlink(missing_ok=True)
         self._credit(stored.gpu, stored.size_bytes)
 
-    def path_of(self, stored: StoredFile) -> Path:
-        return self.root / stored.relpath
-
     # -- state file ----------------------------------------------------------------------
 
     def write_state(self, doc: dict[str, Any]) -> None:

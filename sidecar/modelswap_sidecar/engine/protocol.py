@@ -1,12 +1,14 @@
-"""The client protocol: one request at a time from a client socket (register, heartbeat,
-attach, commit, swap-in, readopt), and a client's socket closing."""
+"""The client protocol: each request from a client socket (register, heartbeat, attach,
+commit, swap-in, readopt) dispatched to the object that serves it, and a client's socket
+closing. Each request runs on a thread of its own (`wire.Peer`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from modelswap_api.wire import Message, Op, Peer, RemoteError, error_reply, reply_to
-from modelswap_sidecar.engine.attaching import Attaching
+from modelswap_sidecar.engine.attaching import Attacher
 from modelswap_sidecar.engine.errors import (
     EngineError,
     NotVouched,
@@ -14,37 +16,65 @@ from modelswap_sidecar.engine.errors import (
     UnknownModel,
     WrongState,
 )
+from modelswap_sidecar.engine.heartbeats import Heartbeats
+from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.ledger import GpuLedger
 from modelswap_sidecar.engine.records import InstanceRecord
+from modelswap_sidecar.engine.recovery import Recovery
 from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.engine.table import ModelTable
+from modelswap_sidecar.engine.vouching import Voucher
 
 log = logging.getLogger(__name__)
 S = EngineState
 
 
-class Clients(Attaching):
-    """Serves the clients' requests."""
+class ClientProtocol:
+    """Serves the clients' requests. A client's own swap-in goes to `swap_in(name)`,
+    which the engine routes to the agent's decider."""
+
+    def __init__(
+        self,
+        *,
+        table: ModelTable,
+        ledger: GpuLedger,
+        attacher: Attacher,
+        recovery: Recovery,
+        heartbeats: Heartbeats,
+        store: HostStore,
+        voucher: Voucher,
+        swap_in: Callable[[str], None],
+    ) -> None:
+        self.table = table
+        self.ledger = ledger
+        self.attacher = attacher
+        self.recovery = recovery
+        self.heartbeats = heartbeats
+        self.store = store
+        self.voucher = voucher
+        self.swap_in = swap_in
 
     def handle(self, peer: Peer, message: Message) -> Message | None:
         """Serve one client request (runs on its own thread)."""
         try:
             if message.op is Op.REGISTER:
                 return self._register(peer, message)
-            binding = self._peers.get(id(peer))
+            binding = self.table.binding(peer)
             if binding is None:
                 raise NotVouched("register first")
-            m = self.model(binding[0])
+            m = self.table.get(binding[0])
             inst = m.instances[binding[1]]
             if message.op is Op.HEARTBEAT:
-                return self._heartbeat(m, inst, message)
+                return self.heartbeats.beat(m, inst, message)
             if message.op is Op.ATTACH:
-                return self._attach(m, inst, message)
+                return self.attacher.attach(m, inst, message)
             if message.op is Op.COMMIT:
-                return self._commit(m, inst, message)
+                return self.attacher.commit(m, inst, message)
             if message.op is Op.SWAP_IN:  # decided by the agent (`on_client_swap_in`)
-                self.client_swap_in(m.name)
+                self.swap_in(m.name)
                 return reply_to(message, m.epoch, {"state": str(m.state)})
             if message.op is Op.READOPT:
-                return self._readopt(m, inst, message)
+                return self.recovery.readopt(m, inst, message)
             raise ProtocolViolation(f"agent does not serve {message.op}")
         except EngineError as e:
             message.close_fds()
@@ -60,8 +90,8 @@ class Clients(Attaching):
         if not self.voucher.vouch(pid, model):
             log.warning("refused client pid %d naming model %r: not vouched for", pid, model)
             raise NotVouched(f"pid {pid} is not vouched for as model {model!r}")
-        m = self.model(model)
-        with m.lock, self._mut:
+        m = self.table.get(model)
+        with m.lock, self.table.lock:
             inst = m.instances.get(instance)
             if inst is None:
                 inst = m.instances[instance] = InstanceRecord(instance)
@@ -70,30 +100,28 @@ class Clients(Attaching):
             inst.peer = peer
             inst.pid = pid
             inst.last_heartbeat = None
-            self._peers[id(peer)] = (model, instance)
-            if not self._pid_in_use(m.config.gpu, pid, [inst]):
-                self.budgets[m.config.gpu].process_attached(pid, self._measure(m.config.gpu, pid))
+            self.table.bind(peer, model, instance)
+            self.ledger.process_attached(m.config.gpu, pid, inst)
             body = {"epoch": m.epoch, "state": str(m.state), "committed": inst.committed}
         return reply_to(message, m.epoch, body)
 
     def client_gone(self, peer: Peer) -> None:
         """A closed socket is a dead client: drop its handles, keep the host copies."""
-        with self._mut:
-            binding = self._peers.pop(id(peer), None)
+        binding = self.table.unbind(peer)
         if binding is None:
             return
         try:
-            m = self.model(binding[0])
+            m = self.table.get(binding[0])
         except UnknownModel:
             return
-        with m.lock, self._mut:
+        with m.lock, self.table.lock:
             inst = m.instances.get(binding[1])
             if inst is None or inst.peer is not peer:
                 return
             inst.peer = None
-            self._detach_process(m.config.gpu, inst.pid, [inst])
+            self.ledger.process_detached(m.config.gpu, inst.pid, [inst])
             if inst.mapped:
-                self.swapper.release_instance(m, inst)
+                self.ledger.release_instance(m.config.gpu, inst)
                 for r in inst.regions.values():  # its KV lived in HBM; a saved copy is stale
                     if r.kv_file is not None:
                         self.store.delete(r.kv_file)
@@ -105,5 +133,5 @@ class Clients(Attaching):
                 complete = bool(m.instances) and all(i.committed for i in m.instances.values())
                 m.state = S.SWAPPED_OUT if complete else S.LOADING
                 m.reason = f"instance {inst.name} (pid {inst.pid}) exited"
-            self.persist()
+            self.table.persist()
         log.info("model %s instance %s: client pid %d gone", m.name, inst.name, inst.pid)

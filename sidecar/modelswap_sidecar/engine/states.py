@@ -87,11 +87,6 @@ PHASES: dict[EngineState, PhaseRow] = {
     S.DELETING: _row("Deleting", False, False, "Deleting"),
 }
 
-#: States in which the model's chunks are (or may be) mapped by its clients.
-HOLDS_MEMORY = frozenset(
-    {S.LOADING, S.RESIDENT, S.DRAINING, S.QUIESCED, S.SAVING, S.ALLOCATING, S.MAPPED, S.RESTORING}
-)
-
 
 def phase_of(state: EngineState) -> PhaseRow:
     return PHASES[state]

@@ -10,7 +10,8 @@ else; create chunks) → MAPPED (clients map them at their
 reserved addresses) → RESTORING (clients copy the host copies in) → RESIDENT. A failure
 anywhere unmaps what was mapped, releases what was created, and returns to SWAPPED_OUT.
 
-Callers hold the model's lock (and, for swap-in, the GPU's allocation lock).
+Removal (DELETING) tears a model down the same way for good. Callers hold the model's
+operation lock (and, for swap-in, the GPU's allocation lock).
 """
 
 from __future__ import annotations
@@ -18,19 +19,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from modelswap_api.wire import (
-    ConnectionLost,
-    KvMode,
-    Op,
-    PendingReply,
-    RegionKind,
-    RemoteError,
-    SwapOutMode,
-)
-from modelswap_sidecar.allocators.base import Allocator, Chunk, Location, OutOfDeviceMemory
-from modelswap_sidecar.engine.budget import HbmBudget
+from modelswap_api.wire import KvMode, Op, RegionKind, RemoteError, SwapOutMode
+from modelswap_sidecar.allocators.base import Chunk
 from modelswap_sidecar.engine.errors import (
     ClientFailed,
     EngineError,
@@ -39,8 +31,9 @@ from modelswap_sidecar.engine.errors import (
     UnknownModel,
     WrongState,
 )
-from modelswap_sidecar.engine.events import MAKE_ROOM, SwapEvent, SwapKind
+from modelswap_sidecar.engine.events import MAKE_ROOM, SwapEvent, SwapEvents, SwapKind
 from modelswap_sidecar.engine.hoststore import HostStore, Staging
+from modelswap_sidecar.engine.ledger import GpuLedger
 from modelswap_sidecar.engine.records import (
     CopyReport,
     InstanceRecord,
@@ -49,83 +42,11 @@ from modelswap_sidecar.engine.records import (
 )
 from modelswap_sidecar.engine.settings import EngineSettings
 from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.engine.table import ModelTable
+from modelswap_sidecar.engine.transport import Transport, broadcast, close_fd, send
 
 log = logging.getLogger(__name__)
 S = EngineState
-
-
-class Engine(Protocol):
-    """What the swapper needs of the engine that holds it (kept a Protocol, so this module
-    does not import the engine's and no import circle forms)."""
-
-    allocator: Allocator
-    store: HostStore
-    settings: EngineSettings
-    budgets: dict[int, HbmBudget]
-    checkpoint: Callable[[str], None]
-
-    def model(self, name: str) -> ModelRecord: ...
-
-    def set_state(
-        self, m: ModelRecord, state: EngineState, reason: str = "", *, persist: bool = True
-    ) -> None: ...
-
-    def persist(self) -> None: ...
-
-    def close_fd(self, fd: int) -> None: ...
-
-    def emit(self, event: SwapEvent) -> None: ...
-
-
-def _wait_all(
-    pending: list[tuple[InstanceRecord, PendingReply]], timeout: float
-) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
-    """Wait for every reply; returns (instances that succeeded, (instance, why) that failed)."""
-    ok: list[InstanceRecord] = []
-    failed: list[tuple[InstanceRecord, str]] = []
-    deadline = time.monotonic() + timeout
-    for inst, p in pending:
-        try:
-            reply = p.wait(max(deadline - time.monotonic(), 0.0))
-        except (TimeoutError, ConnectionLost) as e:
-            failed.append((inst, f"instance {inst.name}: {e}"))
-            continue
-        reply.close_fds()
-        if reply.ok:
-            ok.append(inst)
-        else:
-            failed.append(
-                (inst, f"instance {inst.name}: {reply.error_code}: {reply.error_message}")
-            )
-    return ok, failed
-
-
-def _broadcast(
-    engine: Engine,
-    m: ModelRecord,
-    instances: list[InstanceRecord],
-    op: Op,
-    *,
-    bodies: dict[str, dict[str, Any]] | None = None,
-    fds: dict[str, list[int]] | None = None,
-    timeout: float | None = None,
-) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
-    pending: list[tuple[InstanceRecord, PendingReply]] = []
-    failed: list[tuple[InstanceRecord, str]] = []
-    for inst in instances:
-        peer = inst.peer
-        if peer is None:
-            failed.append((inst, f"instance {inst.name}: not connected"))
-            continue
-        try:
-            body = (bodies or {}).get(inst.name, {})
-            pending.append(
-                (inst, peer.request_start(op, body, m.epoch, (fds or {}).get(inst.name)))
-            )
-        except ConnectionLost as e:
-            failed.append((inst, f"instance {inst.name}: {e}"))
-    ok, more = _wait_all(pending, timeout or engine.settings.client_timeout_seconds)
-    return ok, failed + more
 
 
 class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
@@ -133,79 +54,67 @@ class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
 
 
 class Swapper:
-    """Swap operations, bound to an engine (kept apart from the registry for size)."""
+    """Swap operations on the model table's records, through the ledger (budgets, chunks),
+    the transport (the clients) and the host store."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        *,
+        table: ModelTable,
+        ledger: GpuLedger,
+        transport: Transport,
+        store: HostStore,
+        settings: EngineSettings,
+        events: SwapEvents,
+        checkpoint: Callable[[str], None],
+    ) -> None:
+        self.table = table
+        self.ledger = ledger
+        self.transport = transport
+        self.store = store
+        self.settings = settings
+        self.events = events
+        self.checkpoint = checkpoint
 
-    def broadcast(
+    def _broadcast(
         self,
         m: ModelRecord,
         instances: list[InstanceRecord],
         op: Op,
+        *,
         bodies: dict[str, dict[str, Any]] | None = None,
+        fds: dict[str, list[int]] | None = None,
+        timeout_seconds: float | None = None,
     ) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
-        """Send `op` to every instance at once and wait for all replies."""
-        return _broadcast(self.engine, m, instances, op, bodies=bodies)
-
-    # -- chunks --------------------------------------------------------------------------
-
-    def allocate(self, m: ModelRecord, size_bytes: int) -> list[Chunk]:
-        e = self.engine
-        location = Location.device(m.config.gpu)
-        piece = e.allocator.preferred_chunk_bytes(location)
-        budget = e.budgets[m.config.gpu]
-        chunks: list[Chunk] = []
-        remaining = size_bytes
-        try:
-            while remaining:
-                size = min(piece, remaining)
-                if not budget.try_charge(size):
-                    raise NoCapacity(
-                        f"GPU {m.config.gpu}: HBM budget exhausted "
-                        f"({budget.view().available_bytes} bytes available, {size} needed)"
-                    )
-                try:
-                    chunks.append(e.allocator.create(location, size))
-                except OutOfDeviceMemory as ex:
-                    budget.credit(size)
-                    raise NoCapacity(f"GPU {m.config.gpu}: {ex}") from ex
-                remaining -= size
-        except BaseException:
-            self.release_chunks(m, chunks)
-            raise
-        return chunks
-
-    def release_chunks(self, m: ModelRecord, chunks: list[Chunk]) -> None:
-        budget = self.engine.budgets[m.config.gpu]
-        for c in chunks:
-            self.engine.allocator.release(c)
-            budget.credit(c.size_bytes)
-
-    def release_instance(self, m: ModelRecord, inst: InstanceRecord) -> None:
-        for r in inst.regions.values():
-            self.release_chunks(m, r.chunks)
-            r.chunks = []
-        inst.mapped = False
+        """Send `op` to every instance at once and wait for all replies: (instances that
+        succeeded, (instance, why) that failed)."""
+        replies = broadcast(
+            self.transport,
+            m.epoch,
+            instances,
+            op,
+            timeout_seconds or self.settings.client_timeout_seconds,
+            bodies=bodies,
+            fds=fds,
+        )
+        return replies.succeeded, replies.failed
 
     # -- room ----------------------------------------------------------------------------
 
     def make_room(self, m: ModelRecord, need_bytes: int, victims: Sequence[str]) -> None:
         """Swap out `victims` (the caller's choice, in its order; resident ones on the same
         GPU) until `need_bytes` fit, or raise NoCapacity. The engine chooses nobody."""
-        e = self.engine
-        budget = e.budgets[m.config.gpu]
-        view = budget.view()
+        view = self.ledger.view(m.config.gpu)
         if need_bytes > view.budget_bytes:
             raise NoCapacity(
                 f"model {m.name} needs {need_bytes} bytes; GPU {m.config.gpu}'s whole budget "
                 f"is {view.budget_bytes}"
             )
         for name in victims:
-            if need_bytes <= budget.view().available_bytes:
+            if need_bytes <= self.ledger.view(m.config.gpu).available_bytes:
                 return
             try:
-                v = e.model(name)
+                v = self.table.get(name)
             except UnknownModel:
                 continue
             if v is m or v.config.gpu != m.config.gpu:
@@ -216,7 +125,7 @@ class Swapper:
                         self.swap_out_locked(v, reason=f"making room for {m.name}", cause=MAKE_ROOM)
                     except ClientFailed as ex:
                         log.info("victim %s could not be swapped out: %s", v.name, ex)
-        available = budget.view().available_bytes
+        available = self.ledger.view(m.config.gpu).available_bytes
         if need_bytes > available:
             raise NoCapacity(
                 f"model {m.name} needs {need_bytes} bytes on GPU {m.config.gpu}; "
@@ -227,7 +136,6 @@ class Swapper:
 
     def swap_out_locked(self, m: ModelRecord, reason: str = "", cause: str = "") -> None:
         """`cause`: the swap-out's cause in its `SwapEvent` (default: `reason`)."""
-        e = self.engine
         if m.state is S.SWAPPED_OUT:
             return
         if m.state is not S.RESIDENT:
@@ -235,59 +143,58 @@ class Swapper:
         started = time.perf_counter()
         live = [i for i in m.live_instances() if i.mapped]
         m.epoch += 1
-        e.set_state(m, S.DRAINING, reason or "swap-out requested")
+        self.table.set_state(m, S.DRAINING, reason or "swap-out requested")
         drop = m.config.on_swap_out is SwapOutMode.DROP
         # a dropped model is reloaded from its source: its KV is never worth saving
         kv_mode = KvMode.DISCARD if drop else m.config.kv_mode
         stagings: list[tuple[RegionRecord, Staging]] = []
         try:
-            live, failed = _broadcast(
-                e, m, live, Op.QUIESCE, timeout=e.settings.drain_timeout_seconds
+            live, failed = self._broadcast(
+                m, live, Op.QUIESCE, timeout_seconds=self.settings.drain_timeout_seconds
             )
-            self._drop_gone(m, failed)
+            self._drop_gone(failed)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
-            e.set_state(m, S.QUIESCED)
-            e.checkpoint("swap_out.quiesced")
+            self.table.set_state(m, S.QUIESCED)
+            self.checkpoint("swap_out.quiesced")
             kv_regions = [
                 (i, r) for i in live for r in i.regions.values() if r.kind is RegionKind.KV
             ]
             if kv_mode is KvMode.PRESERVE and kv_regions:
-                e.set_state(m, S.SAVING)
+                self.table.set_state(m, S.SAVING)
                 bodies: dict[str, dict[str, Any]] = {}
                 fds: dict[str, list[int]] = {}
                 for inst, r in kv_regions:
-                    relpath = e.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "kv")
-                    st = e.store.stage(m.config.gpu, relpath, r.size_bytes)
+                    relpath = self.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "kv")
+                    st = self.store.stage(m.config.gpu, relpath, r.size_bytes)
                     stagings.append((r, st))
                     lst = fds.setdefault(inst.name, [])
                     bodies.setdefault(inst.name, {"regions": []})["regions"].append(
                         {"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes}
                     )
                     lst.append(st.fd)
-                _ok, failed = _broadcast(e, m, live, Op.SAVE, bodies=bodies, fds=fds)
-                self._drop_gone(m, failed)
+                _ok, failed = self._broadcast(m, live, Op.SAVE, bodies=bodies, fds=fds)
+                self._drop_gone(failed)
                 if failed:
                     raise ClientFailed("; ".join(why for _, why in failed))
-                e.checkpoint("swap_out.kv_saved")
+                self.checkpoint("swap_out.kv_saved")
                 for r, st in stagings:
                     old = r.kv_file
-                    r.kv_file = e.store.commit(st)
+                    r.kv_file = self.store.commit(st)
                     if old is not None and old.relpath != r.kv_file.relpath:
-                        e.store.delete(old)
+                        self.store.delete(old)
                 stagings = []
-                e.persist()  # the state file names the KV copies only once they are whole
+                self.table.persist()  # the state file names the KV copies only once they are whole
         except BaseException as ex:
             for _r, st in stagings:
-                e.store.abort(st)
-            _broadcast(
-                e,
+                self.store.abort(st)
+            self._broadcast(
                 m,
                 m.live_instances(),
                 Op.RESUME,
                 bodies={i.name: {"state": "resident"} for i in m.instances.values()},
             )
-            e.set_state(m, S.RESIDENT, f"swap-out rolled back: {ex}")
+            self.table.set_state(m, S.RESIDENT, f"swap-out rolled back: {ex}")
             if isinstance(ex, ClientFailed | RemoteError | OSError):
                 raise ClientFailed(f"swap-out of {m.name} rolled back: {ex}") from ex
             raise
@@ -295,25 +202,24 @@ class Swapper:
             r.kind is RegionKind.KV for i in live for r in i.regions.values()
         )
         body = {"kv_discarded": discarded, "dropped": drop}
-        ok, failed = _broadcast(e, m, live, Op.UNMAP, bodies={i.name: body for i in live})
-        e.set_state(m, S.UNMAPPED)
-        e.checkpoint("swap_out.unmapped")
+        ok, failed = self._broadcast(m, live, Op.UNMAP, bodies={i.name: body for i in live})
+        self.table.set_state(m, S.UNMAPPED)
+        self.checkpoint("swap_out.unmapped")
         for inst in ok:
-            self.release_instance(m, inst)
+            self.ledger.release_instance(m.config.gpu, inst)
         for inst, why in failed:  # a client that cannot unmap is cut off, its chunks released
             log.warning("model %s: %s; disconnecting it", m.name, why)
-            if inst.peer is not None:
-                inst.peer.close()
-            self.release_instance(m, inst)
+            self.transport.disconnect(inst)
+            self.ledger.release_instance(m.config.gpu, inst)
         m.kv_discarded = discarded
         m.swap_outs += 1
         m.last_swap_out_seconds = time.perf_counter() - started
         if drop:
             self.discard_host_copies(m)
-            e.set_state(m, S.DROPPED, reason or "dropped (onSwapOut: drop)")
+            self.table.set_state(m, S.DROPPED, reason or "dropped (onSwapOut: drop)")
         else:
-            e.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
-        e.emit(
+            self.table.set_state(m, S.SWAPPED_OUT, reason or "swapped out")
+        self.events.emit(
             SwapEvent(
                 model=m.name,
                 kind=SwapKind.OUT,
@@ -323,7 +229,7 @@ class Swapper:
             )
         )
 
-    def _drop_gone(self, m: ModelRecord, failed: list[tuple[InstanceRecord, str]]) -> None:
+    def _drop_gone(self, failed: list[tuple[InstanceRecord, str]]) -> None:
         """Instances whose process died mid-operation leave it; the rest decide the outcome."""
         for inst, _ in list(failed):
             if not inst.live:
@@ -332,7 +238,6 @@ class Swapper:
     # -- swap-in -------------------------------------------------------------------------
 
     def swap_in_locked(self, m: ModelRecord, victims: Sequence[str] = ()) -> None:
-        e = self.engine
         if m.state is S.RESIDENT or (
             m.state is S.LOADING and all(i.mapped for i in m.live_instances())
         ):
@@ -341,7 +246,8 @@ class Swapper:
             started = time.perf_counter()
             self.reload_locked(m, victims)
             m.swap_ins += 1
-            e.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=time.perf_counter() - started))
+            seconds = time.perf_counter() - started
+            self.events.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=seconds))
             return
         if m.state is not S.SWAPPED_OUT:
             raise WrongState(f"model {m.name} is {m.state}, not SwappedOut")
@@ -352,11 +258,11 @@ class Swapper:
         m.epoch += 1
         # not persisted: until the restore the state file keeps SWAPPED_OUT, which is what a
         # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
-        e.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
+        self.table.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
             replies = self.bring_in(m, live, track_states=True, victims=victims)
         except (EngineError, RemoteError) as ex:  # rolled back; the host copy is intact
-            e.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
+            self.table.set_state(m, S.SWAPPED_OUT, f"swap-in failed: {ex}")
             raise
         except Exception as ex:  # rolled back, but nothing says a retry could work
             self.fail(m, f"swap-in failed: {ex!r}")
@@ -368,53 +274,76 @@ class Swapper:
         # not persisted: the state file was written during the restore with the instances
         # mapped, which is all a restarted agent needs (it resolves RESIDENT from readopt);
         # the next write records RESIDENT and the swap-in count
-        e.set_state(m, S.RESIDENT, "swapped in", persist=False)
-        e.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=m.last_swap_in_seconds))
+        self.table.set_state(m, S.RESIDENT, "swapped in", persist=False)
+        self.events.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=m.last_swap_in_seconds))
 
     def reload_locked(self, m: ModelRecord, victims: Sequence[str] = ()) -> None:
         """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads
         the weights from the source again and commits (a swap-in never sees a host copy)."""
-        e = self.engine
         live = m.live_instances()
         if not live:
             raise WrongState(f"model {m.name} has no connected instance to reload into")
         m.epoch += 1
-        e.set_state(m, S.LOADING, f"reloading from the source after {m.state}")
+        self.table.set_state(m, S.LOADING, f"reloading from the source after {m.state}")
         self.bring_in(m, live, track_states=False, victims=victims)
         m.last_used = time.monotonic()
-        e.persist()
+        self.table.persist()
 
     def discard_host_copies(self, m: ModelRecord) -> None:
         """Delete every host-store copy of the model (drop, failure, removal)."""
-        e = self.engine
         for inst in m.instances.values():
             for r in inst.regions.values():
                 for f in (r.weights_file, r.kv_file):
                     if f is not None:
-                        e.store.delete(f)
+                        self.store.delete(f)
                 r.weights_file = r.kv_file = None
             inst.committed = False
+
+    def remove_locked(self, m: ModelRecord) -> None:
+        """DELETING: every client is told (it unmaps and detaches for good), every chunk is
+        released, every host-store copy deleted, and the model forgotten."""
+        gpu = m.config.gpu
+        if m.state is not S.DELETING:
+            self.table.set_state(m, S.DELETING, "removed")
+        live = m.live_instances()
+        _ok, failed = self._broadcast(m, live, Op.REMOVED)
+        for _inst, why in failed:
+            log.warning("model %s: %s; disconnecting it", m.name, why)
+        for inst in m.instances.values():
+            if inst.mapped:
+                self.ledger.release_instance(gpu, inst)
+        self.discard_host_copies(m)
+        for inst in m.instances.values():  # its clients unmapped their KV host tiers
+            if inst.kv_host_file is not None:
+                self.store.delete(inst.kv_host_file)
+                inst.kv_host_file = None
+        with self.table.lock:
+            gone = list(m.instances.values())
+            for inst in gone:
+                if inst.peer is not None:
+                    self.ledger.process_detached(gpu, inst.pid, gone)
+            self.table.forget(m)
+        for inst in live:
+            self.transport.disconnect(inst)
 
     def fail(self, m: ModelRecord, reason: str) -> None:
         """FAILED: every client unmapped (those that cannot are cut off), every chunk
         released, the host copies deleted; the reason stays in the status."""
-        e = self.engine
         mapped = [i for i in m.instances.values() if i.mapped]
         # every live client, mapped or not, hears it: it also drops its mappings of the
         # host copies (kept between swap-ins), which are deleted below
         live = m.live_instances()
         if live:
             body = {"kv_discarded": True, "dropped": True}
-            _ok, failed = _broadcast(e, m, live, Op.UNMAP, bodies={i.name: body for i in live})
+            _ok, failed = self._broadcast(m, live, Op.UNMAP, bodies={i.name: body for i in live})
             for inst, why in failed:
                 log.warning("model %s: %s; disconnecting it", m.name, why)
-                if inst.peer is not None:
-                    inst.peer.close()
+                self.transport.disconnect(inst)
         for inst in mapped:
-            self.release_instance(m, inst)
+            self.ledger.release_instance(m.config.gpu, inst)
         self.discard_host_copies(m)
         log.error("model %s failed: %s", m.name, reason)
-        e.set_state(m, S.FAILED, reason)
+        self.table.set_state(m, S.FAILED, reason)
 
     def bring_in(
         self,
@@ -426,7 +355,7 @@ class Swapper:
     ) -> dict[str, dict[str, Any]]:
         """Allocate, map and restore `instances` (after swapping out as many of `victims` as
         it takes); returns each instance's restore reply body."""
-        e = self.engine
+        gpu = m.config.gpu
         need = sum(r.size_bytes for i in instances for r in i.regions.values())
         self.make_room(m, need, victims)
         made: dict[int, list[Chunk]] = {}
@@ -438,23 +367,23 @@ class Swapper:
                 lst = fds.setdefault(inst.name, [])
                 regions_doc = []
                 for r in inst.regions.values():
-                    chunks = self.allocate(m, r.size_bytes)
+                    chunks = self.ledger.allocate(gpu, r.size_bytes)
                     made[id(r)] = chunks
                     offset = 0
                     chunk_docs = []
                     for c in chunks:
                         chunk_docs.append({"offset": offset, "bytes": c.size_bytes, "fd": len(lst)})
-                        lst.append(e.allocator.export_fd(c))
+                        lst.append(self.ledger.export_fd(c))
                         offset += c.size_bytes
                     regions_doc.append({"tag": r.tag, "chunks": chunk_docs})
                 bodies[inst.name] = {"regions": regions_doc}
-            e.checkpoint("swap_in.allocated" if track_states else "attach.allocated")
+            self.checkpoint("swap_in.allocated" if track_states else "attach.allocated")
             try:
-                ok, failed = _broadcast(e, m, instances, Op.MAP, bodies=bodies, fds=fds)
+                ok, failed = self._broadcast(m, instances, Op.MAP, bodies=bodies, fds=fds)
             finally:
                 for lst in fds.values():
                     for fd in lst:
-                        e.close_fd(fd)
+                        close_fd(fd)
             for inst in ok:
                 for r in inst.regions.values():
                     r.chunks = made.pop(id(r))
@@ -462,30 +391,30 @@ class Swapper:
                 mapped.append(inst)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
-            e.checkpoint("swap_in.mapped" if track_states else "attach.mapped")
+            self.checkpoint("swap_in.mapped" if track_states else "attach.mapped")
             if track_states:  # mid-swap-in states, not persisted either
-                e.set_state(m, S.MAPPED, persist=False)
-                e.set_state(m, S.RESTORING, persist=False)
+                self.table.set_state(m, S.MAPPED, persist=False)
+                self.table.set_state(m, S.RESTORING, persist=False)
             results = self._restore(m, instances, persist_while_copying=track_states)
         except BaseException:
             for lst2 in made.values():
-                self.release_chunks(m, lst2)
+                self.ledger.release(gpu, lst2)
             if mapped:
-                _broadcast(
-                    e, m, mapped, Op.UNMAP, bodies={i.name: {"rollback": True} for i in mapped}
+                self._broadcast(
+                    m, mapped, Op.UNMAP, bodies={i.name: {"rollback": True} for i in mapped}
                 )
                 for inst in mapped:
-                    self.release_instance(m, inst)
+                    self.ledger.release_instance(gpu, inst)
             raise
         stale = False
         for inst in instances:  # HBM holds the newest KV now; the saved copy is stale
             for r in inst.regions.values():
                 if r.kv_file is not None:
-                    e.store.delete(r.kv_file)
+                    self.store.delete(r.kv_file)
                     r.kv_file = None
                     stale = True
         if stale and track_states:  # the file written during the restore names it
-            e.persist()
+            self.table.persist()
         return results
 
     def _restore(
@@ -494,7 +423,6 @@ class Swapper:
         """Send `restore` to every instance and wait for them to copy. With
         `persist_while_copying`, the state file (instances mapped, RESTORING) is written
         while the clients copy, so the swap-in's only state-file write costs it nothing."""
-        e = self.engine
         bodies: dict[str, dict[str, Any]] = {}
         fds: dict[str, list[int]] = {}
         for inst in instances:
@@ -514,50 +442,39 @@ class Swapper:
                     docs.append({"tag": r.tag, "fresh": True})
                 else:
                     try:
-                        fd = e.store.open_readonly(source)
+                        fd = self.store.open_readonly(source)
                     except OSError as ex:  # the only complete copy is gone
                         for opened in fds.values():
                             for x in opened:
-                                e.close_fd(x)
+                                close_fd(x)
                         raise HostCopyLost(
                             f"host copy {source.relpath} of region {r.tag} is gone: {ex}"
                         ) from ex
                     docs.append({"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes})
                     lst.append(fd)
             bodies[inst.name] = {"regions": docs}
-        results: dict[str, dict[str, Any]] = {}
         try:
-            pending: list[tuple[InstanceRecord, PendingReply]] = []
-            for inst in instances:
-                if inst.peer is None:
-                    raise ClientFailed(f"instance {inst.name} is gone")
-                pending.append(
-                    (
-                        inst,
-                        inst.peer.request_start(
-                            Op.RESTORE, bodies[inst.name], m.epoch, fds[inst.name]
-                        ),
-                    )
-                )
-        except ConnectionLost as ex:
-            raise ClientFailed(str(ex)) from ex
+            batch = send(
+                self.transport,
+                m.epoch,
+                instances,
+                Op.RESTORE,
+                bodies=bodies,
+                fds=fds,
+                stop_at_failure=True,
+            )
         finally:
             for lst in fds.values():
                 for fd in lst:
-                    e.close_fd(fd)
+                    close_fd(fd)
+        if batch.failed:
+            raise ClientFailed("; ".join(why for _, why in batch.failed))
         if persist_while_copying:
             # crash-safe: a restarted agent that finds instances marked mapped waits for
             # them to readopt and settles the model from what they hold (a client whose
             # restore did not finish unmaps first and comes back swapped out)
-            e.persist()
-        deadline = time.monotonic() + e.settings.client_timeout_seconds
-        for inst, p in pending:
-            try:
-                reply = p.wait(max(deadline - time.monotonic(), 0.0))
-            except (TimeoutError, ConnectionLost) as ex:
-                raise ClientFailed(f"restore on instance {inst.name}: {ex}") from ex
-            reply.close_fds()
-            if not reply.ok:
-                raise ClientFailed(f"restore on instance {inst.name}: {reply.error_message}")
-            results[inst.name] = reply.body
-        return results
+            self.table.persist()
+        replies = batch.wait(self.settings.client_timeout_seconds, stop_at_failure=True)
+        if replies.failed:
+            raise ClientFailed(f"restore on {replies.why()}")
+        return {inst.name: body for inst, body in replies.ok}
