@@ -4,10 +4,16 @@ The project uses standard CEL only: cel-python implements it, not Kubernetes' CE
 libraries (quantity(), URL, IP, extended strings). `duration()` of our pattern-checked
 duration strings is standard. A rule that needs a non-standard function registers it in
 `_FUNCTIONS`; none does today.
+
+A rule is a pure function of the value it sits on (and `oldSelf`), and cel-python's
+interpreter takes milliseconds per evaluation, so each rule remembers its verdicts for the
+last `VERDICT_MEMORY` values (keyed by canonical JSON): an object written again with the
+same spec (a status update, a re-pushed desired set) costs no evaluation.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +30,8 @@ _FUNCTIONS: dict[str, Any] = {}
 _SELF_FIELD_RE = re.compile(r"\bself\.([A-Za-z_][A-Za-z0-9_]*)")
 
 _ENV = celpy.Environment()
+#: Verdicts each rule remembers (oldest dropped first).
+VERDICT_MEMORY = 4096
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Rule:
     field_path: str
     reason: str
     program: Any = field(compare=False, repr=False)
+    _verdicts: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_transition_rule(self) -> bool:
@@ -48,6 +57,18 @@ class Rule:
 
     def holds(self, value: Any, old_value: Any = None) -> bool:
         """True when the rule holds for `value`; an evaluation error counts as a failure."""
+        key = _memo_key(value, old_value if self.is_transition_rule else None)
+        if key is None:
+            return self._evaluate(value, old_value)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._evaluate(value, old_value)
+            if len(self._verdicts) >= VERDICT_MEMORY:
+                del self._verdicts[next(iter(self._verdicts))]
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _evaluate(self, value: Any, old_value: Any) -> bool:
         activation: dict[str, Any] = {"self": json_to_cel(value)}
         if self.is_transition_rule:
             activation["oldSelf"] = json_to_cel(old_value)
@@ -58,6 +79,14 @@ class Rule:
         if isinstance(result, CELEvalError):
             return False
         return bool(result)
+
+
+def _memo_key(value: Any, old_value: Any) -> str | None:
+    """Canonical JSON of the inputs; None when they are not JSON (not remembered)."""
+    try:
+        return json.dumps([value, old_value], sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
 
 
 def compile_rule(entry: Mapping[str, Any], where: str) -> Rule:
