@@ -163,9 +163,10 @@ class AgentHandler:
             self._facts.committed = bool(reply.body.get("committed", self._facts.committed))
 
     def release(self) -> None:
-        """Detach: unmap every chunk, drop the host mappings (close)."""
+        """Detach: unmap every chunk, drop the host mappings, give the reservations back."""
         with self._op_lock:
             self._mapper.synchronize()
             self._regions.unmap_all()
             self._copier.drop_weight_sources()
             self._kv_host.drop()
+            self._regions.free()

@@ -193,7 +193,6 @@ class Attachment:
         self._gate.close()
         self._link.close()
         self._handler.release()
-        self._regions.free()
         self.mapper.close()
 
 

@@ -84,7 +84,6 @@ def p() -> Iterator[Parts]:
     hooks.swap_in.append(lambda: p.events.append("swap_in"))
     yield p
     handler.release()
-    regions.free()
     mapper.close()
 
 
