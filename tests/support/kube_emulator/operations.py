@@ -8,7 +8,6 @@ written, and CRD registration. Deletion lives in `deletion`, server-side apply i
 
 from __future__ import annotations
 
-import copy
 import json
 import secrets
 import uuid
@@ -20,6 +19,7 @@ import yaml
 
 from tests.support.kube_emulator import applying, clock, crds, defaults, deletion, patching
 from tests.support.kube_emulator.admission import FieldValidation, admit, check_name
+from tests.support.kube_emulator.copying import clone
 from tests.support.kube_emulator.errors import (
     STALE,
     ApiError,
@@ -156,7 +156,7 @@ class Cluster:
         stored = self.store.put(rt.key, obj)
         if rt.key == _CRD_KEY:
             self._register(new_types)
-            status_obj = copy.deepcopy(stored)
+            status_obj = clone(stored)
             status_obj["status"] = crds.established_status(stored, clock.now())
             self.store.put(rt.key, status_obj)  # as the CRD controllers do, just after
         return Written(self.as_version(rt, stored), 201, admitted.warnings)
@@ -164,7 +164,7 @@ class Cluster:
     def _check_body(self, rt: ResourceType, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         for field_name, expected in (("apiVersion", rt.api_version), ("kind", rt.kind)):
             given = obj.get(field_name)
             if given and given != expected:
@@ -342,10 +342,10 @@ class Cluster:
         field_validation: FieldValidation,
         is_patch: bool,
     ) -> Written:
-        new = copy.deepcopy(new)
+        new = clone(new)
         if subresource == "status":
             status = new.get("status")
-            new = copy.deepcopy(old)
+            new = clone(old)
             if status is None:
                 new.pop("status", None)
             else:
@@ -354,7 +354,7 @@ class Cluster:
             raise not_found(rt.group, f"{rt.plural}/{subresource}", old["metadata"]["name"])
         elif "status" in rt.subresources:
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = clone(old["status"])
             else:
                 new.pop("status", None)
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
@@ -363,7 +363,7 @@ class Cluster:
             raise bad_request("metadata must be an object")
         for key in _IMMUTABLE_META:
             if key in old["metadata"]:
-                meta[key] = copy.deepcopy(old["metadata"][key])
+                meta[key] = clone(old["metadata"][key])
             else:
                 meta.pop(key, None)
         if old["metadata"].get("deletionTimestamp"):

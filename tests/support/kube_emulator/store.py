@@ -9,11 +9,12 @@ method is atomic with respect to the others.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.support.kube_emulator.copying import clone
 
 Key = tuple[str, str]  # (group, plural)
 ObjectKey = tuple[str, str]  # (namespace or "", name)
@@ -62,14 +63,12 @@ class Store:
 
     def get(self, key: Key, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self._objects.get(key, {}).get((namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None
+        return clone(obj) if obj is not None else None
 
     def items(self, key: Key, namespace: str | None = None) -> list[dict[str, Any]]:
         """Copies in etcd's order (namespace, then name)."""
         found = self._objects.get(key, {})
-        return [
-            copy.deepcopy(found[k]) for k in sorted(found) if namespace is None or k[0] == namespace
-        ]
+        return [clone(found[k]) for k in sorted(found) if namespace is None or k[0] == namespace]
 
     def count(self, key: Key, namespace: str | None = None) -> int:
         return sum(1 for k in self._objects.get(key, {}) if namespace is None or k[0] == namespace)
@@ -87,22 +86,22 @@ class Store:
     def put(self, key: Key, obj: dict[str, Any]) -> dict[str, Any]:
         """Store `obj` under the next resourceVersion; return a copy of what is stored."""
         self.rv += 1
-        stored = copy.deepcopy(obj)
+        stored = clone(obj)
         stored["metadata"]["resourceVersion"] = str(self.rv)
         objs = self._objects.setdefault(key, {})
         old = objs.get(object_key(stored))
         objs[object_key(stored)] = stored
         self._record(Event("MODIFIED" if old else "ADDED", self.rv, key, stored, old))
-        return copy.deepcopy(stored)
+        return clone(stored)
 
     def remove(self, key: Key, namespace: str, name: str) -> dict[str, Any]:
         """Delete; the DELETED event's object carries the deletion's resourceVersion."""
         old = self._objects[key].pop((namespace, name))
         self.rv += 1
-        gone = copy.deepcopy(old)
+        gone = clone(old)
         gone["metadata"]["resourceVersion"] = str(self.rv)
         self._record(Event("DELETED", self.rv, key, gone, old))
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     def close_watches(self, key: Key) -> None:
         """End every watch of `key` (its resource type went away)."""
