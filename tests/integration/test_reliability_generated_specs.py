@@ -7,13 +7,10 @@ the agent, and a refused push changes no state."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,11 +24,7 @@ from modelswap_api.errors import PolicyError
 from modelswap_api.policy import effective_policy
 from modelswap_api.resources import validate_resource
 from modelswap_api.validate_command import validate_paths
-from modelswap_sidecar.control.app import make_app, start
-from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
-from modelswap_sidecar.control.service import ControlService
-from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.control_thread import ControlThread
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT
 from tests.support.reliability import record
@@ -176,48 +169,6 @@ def test_the_emulator_accepts_or_names_the_field_and_the_healthy_model_stays(
 # --- the agent's control API -------------------------------------------------------------------
 
 
-class ControlThread:
-    """The control API as the agent serves it (`start`), over the in-memory backend, on its
-    own event loop in a thread; `url`."""
-
-    def __init__(self, folder: Path) -> None:
-        token_file = folder / "token"
-        token_file.write_text(TOKEN + "\n")
-        self.settings = ControlSettings(
-            node_name="node-1",
-            token_file=token_file,
-            state_file=folder / "revision.json",
-            host="127.0.0.1",
-            port=0,
-            unload_check_interval_seconds=3600,
-        )
-        self._token = TokenFile(token_file)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.url = ""
-
-    def __enter__(self) -> ControlThread:
-        self._thread.start()
-
-        async def serve() -> Any:
-            backend = InMemoryBackend("node-1", {"gpu-0": 1 << 40})
-            service = ControlService(backend, self.settings, clock=time.time)
-            return await start(make_app(service, self._token))
-
-        self._runner = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
-        port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        try:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
-
-
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -236,7 +187,7 @@ def desired_entry(uid: str, name: str, spec: Any, policy: dict[str, Any]) -> dic
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: Any) -> Iterator[tuple[httpx.Client, list[int]]]:
     with (
-        ControlThread(tmp_path_factory.mktemp("agent")) as control,
+        ControlThread(tmp_path_factory.mktemp("agent"), TOKEN) as control,
         httpx.Client(base_url=control.url, headers=AUTH, timeout=30) as http,
     ):
         yield http, [0]
