@@ -94,3 +94,11 @@ bench-operator-profile: setup ## the same run with the operator and the emulator
 
 # every bench but the simulator's 30-minute grid (make bench-grid), under 30 minutes here
 bench: bench-swap bench-gateway bench-operator bench-planner bench-sim ## run every bench (not bench-grid) and render docs/BENCHMARKS.md
+
+.PHONY: reliability
+RELIABILITY_TESTS = $(wildcard tests/*/test_reliability_*.py)
+reliability: setup ## the reliability suite (faults, load, inputs, access) with its figures recorded; writes bench/results/<machine>/reliability, docs/RELIABILITY.md
+	$(BIN)/python -m bench.render_reliability start
+	MODELSWAP_RELIABILITY_OUT=$$($(BIN)/python -m bench.render_reliability folder) \
+		$(PYTEST) --durations=10 $(RELIABILITY_TESTS); status=$$?; \
+		$(BIN)/python -m bench.render_reliability render; exit $$status
