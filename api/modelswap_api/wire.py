@@ -8,7 +8,11 @@ is one UTF-8 JSON object; file descriptors travel beside it as `SCM_RIGHTS`, at 
 `MAX_FDS_PER_PACKET` per packet. A message with more fds sends the first batch with its
 JSON and the rest in `fds` continuation packets right after it (the sender holds its send
 lock across them, and a socket has one reader, so they arrive in order). A truncated
-control message (`MSG_CTRUNC`) closes what did arrive and raises `ProtocolError`.
+control message (`MSG_CTRUNC`) closes what did arrive and raises `ProtocolError`; so does a
+packet with fewer fds than its message announces for it (each packet carries
+`min(MAX_FDS_PER_PACKET, still due)`), and a continuation that has not arrived within
+`CONTINUATION_TIMEOUT_SECONDS` (a peer that announces fds and stops would otherwise hold
+its reader for ever).
 
 A message is `{"op", "id", "epoch", "body"}`; a reply is op `reply` with `re` = the
 request's id, `ok`, and either a `body` or an `error` `{code, message}`. Either side sends
@@ -29,6 +33,7 @@ import logging
 import math
 import os
 import queue
+import select
 import socket
 import struct
 import sys
@@ -44,6 +49,8 @@ _log = logging.getLogger(__name__)
 MAX_FDS_PER_PACKET = 253
 #: Biggest JSON packet either side sends or accepts.
 MAX_PACKET_BYTES = 1 << 20
+#: Longest wait for an `fds` continuation packet (they are sent back to back).
+CONTINUATION_TIMEOUT_SECONDS = 5.0
 
 # This module and the client library run in Triton's python-backend stubs, under the
 # container's system Python: 3.10 in Triton 24.xx releases, 3.12 in 25.xx. `enum.StrEnum`
@@ -255,6 +262,16 @@ def _decode(data: bytes) -> tuple[Message, int]:
         raise ProtocolError(f"malformed packet: {str(e)[:200]}") from e
 
 
+def _check_batch(received: int, nfds: int, before: int) -> None:
+    """A packet of a message announcing `nfds` fds, `before` of them already received,
+    carries the next `min(MAX_FDS_PER_PACKET, still due)`; fewer means none are coming."""
+    due = min(MAX_FDS_PER_PACKET, nfds - before)
+    if received != due:
+        raise ProtocolError(
+            f"a packet of a message announcing {nfds} fds carries {received}, not {due}"
+        )
+
+
 class Channel:
     """One end of a client-protocol socket: thread-safe sends, one reader.
 
@@ -310,6 +327,12 @@ class Channel:
             return None
         return data, fds
 
+    def _recv_continuation(self) -> tuple[bytes, list[int]] | None:
+        ready, _, _ = select.select([self.sock], [], [], CONTINUATION_TIMEOUT_SECONDS)
+        if not ready:
+            raise ProtocolError(f"no fds continuation within {CONTINUATION_TIMEOUT_SECONDS:g} s")
+        return self._recv_packet()
+
     def recv(self) -> Message | None:
         packet = self._recv_packet()
         if packet is None:
@@ -322,12 +345,14 @@ class Channel:
                 os.close(fd)
             raise
         try:
+            _check_batch(len(fds), nfds, 0)
             while len(fds) < nfds:
-                more = self._recv_packet()
+                more = self._recv_continuation()
                 if more is None:
                     raise ProtocolError("stream ended inside a multi-packet message")
-                cont, _ = _decode(more[0])
+                _check_batch(len(more[1]), nfds, len(fds))
                 fds.extend(more[1])
+                cont, _ = _decode(more[0])
                 if cont.op is not Op.FDS or cont.re != message.msg_id:
                     raise ProtocolError(f"expected fds continuation, got {cont.op}")
             if len(fds) != nfds:
