@@ -79,3 +79,16 @@ def test_a_timed_out_request_is_held_then_answered_504() -> None:
 def test_rates_that_cannot_be_probabilities_are_refused() -> None:
     with pytest.raises(ValueError, match="sum to at most 1"):
         FaultRates(conflict=0.6, internal=0.6)
+
+
+def test_faults_limited_to_a_path_and_switched_while_serving() -> None:
+    with EmulatorThread() as api:
+        emulator = api.emulator
+        assert emulator is not None
+        api.call(lambda: emulator.inject(FaultRates(internal=1.0, paths=("/configmaps/cm-1",))))
+        headers = {"Authorization": f"Bearer {api.token}"}
+        with httpx.Client(base_url=api.url, headers=headers, trust_env=False) as http:
+            assert http.post(CONFIGMAPS, json=configmap(1)).status_code == 201
+            assert http.get(f"{CONFIGMAPS}/cm-1").status_code == 500
+            api.call(lambda: emulator.inject(None))
+            assert http.get(f"{CONFIGMAPS}/cm-1").status_code == 200

@@ -2,7 +2,7 @@
 holds them and answers 504 as the real server does when a request outlives its timeout.
 
 `KubeEmulator(faults=FaultRates(conflict=0.05, throttle=0.05, internal=0.05, timeout=0.02,
-seed=7))`. Each resource request (not discovery, `/version`, `/healthz` or `/emulator/…`)
+seed=7))`, or `emulator.inject(rates)` / `inject(None)` while it serves. Each resource request (not discovery, `/version`, `/healthz` or `/emulator/…`)
 draws once from a `random.Random(seed)`: the rates are probabilities that add up to at most 1,
 so one seed gives one sequence of faults for one sequence of requests. Watches are failed
 only by status (never held): a held watch is indistinguishable from a quiet one. A failed
@@ -38,6 +38,9 @@ class FaultRates:
     seed: int = 0
     timeout_seconds: float = 5.0
     retry_after_seconds: int = 1
+    #: When given, only requests whose path contains one of these draw (e.g. one node's
+    #: Lease, to let it go stale while everything else works).
+    paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         rates = (self.conflict, self.throttle, self.internal, self.timeout)
@@ -65,8 +68,10 @@ class FaultInjector:
         self._random = random.Random(rates.seed)
         self.injected: dict[int, int] = {}
 
-    def draw(self, *, resource_request: bool, watch: bool) -> Fault | None:
+    def draw(self, *, resource_request: bool, watch: bool, path: str = "") -> Fault | None:
         if not resource_request:
+            return None
+        if self.rates.paths and not any(p in path for p in self.rates.paths):
             return None
         r = self._random.random()
         rates = self.rates

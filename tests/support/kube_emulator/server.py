@@ -158,7 +158,9 @@ class KubeEmulator:
         if self.faults is not None:
             attrs = attributes(request.method, request.path, dict(request.query))
             fault = self.faults.draw(
-                resource_request=attrs.resource_request, watch=attrs.verb == "watch"
+                resource_request=attrs.resource_request,
+                watch=attrs.verb == "watch",
+                path=request.path,
             )
             if fault is not None:
                 return await self._inject(request, fault)
@@ -171,6 +173,10 @@ class KubeEmulator:
         except Exception as e:  # a bug in the emulator: answer as the server would, and log it
             _log.exception("emulator failed on %s %s", request.method, request.path_qs)
             return error_response(ApiError(500, f"emulator internal error: {e!r}"))
+
+    def inject(self, faults: FaultRates | None) -> None:
+        """Fail requests from now on at these rates (a fresh seeded sequence), or stop."""
+        self.faults = FaultInjector(faults) if faults is not None else None
 
     async def _inject(self, request: web.Request, fault: Fault) -> web.Response:
         """Answer `fault` instead of the store (which is not touched)."""
