@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from modelswap_api import kube
 from modelswap_api.control import DesiredEntry, DesiredSet, EntryResult, SourceCredentials
@@ -97,6 +97,47 @@ def _deployment(body: Body) -> ModelDeployment:
     )
 
 
+def _read_deployment(body: Body) -> ModelDeployment | ContractError:
+    try:
+        return _deployment(body)
+    except ContractError as e:
+        return e
+
+
+def _read_swapnode(body: Body) -> SwapNode | ContractError:
+    try:
+        return SwapNode.from_dict(body)
+    except ContractError as e:
+        return e
+
+
+R = TypeVar("R")
+
+
+class _ReadOnce(Generic[R]):
+    """`read(body)` remembered per key for as long as the cache holds that very body.
+
+    The cache replaces a body with a new dict on every watch event and never mutates one
+    (`Snapshot`), so the same dict object means the same content."""
+
+    def __init__(self, read: Callable[[Body], R]) -> None:
+        self._read = read
+        self._seen: dict[str, tuple[Body, R]] = {}
+
+    def __call__(self, key: str, body: Body) -> R:
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] is body:
+            return seen[1]
+        result = self._read(body)
+        self._seen[key] = (body, result)
+        return result
+
+    def keep(self, keys: Mapping[str, Any]) -> None:
+        """Forget what the cache no longer holds."""
+        for key in [k for k in self._seen if k not in keys]:
+            del self._seen[key]
+
+
 #: Entries one push may leave out after the agent refused them, before it gives up.
 MAX_REFUSED_PER_PUSH = 8
 
@@ -157,6 +198,16 @@ class Reconciler:
         #: (uid, generation) -> (field, message) of entries an agent refused.
         self._refused: dict[tuple[str, int], tuple[str, str]] = {}
         self._ready = asyncio.Event()
+        #: Each cached body's decoding, kept while the cache holds that very body (a new
+        #: watch event brings a new dict): a turn decodes only what changed since the last.
+        self._deployments_read: _ReadOnce[ModelDeployment | ContractError] = _ReadOnce(
+            _read_deployment
+        )
+        self._swapnodes_read: _ReadOnce[SwapNode | ContractError] = _ReadOnce(_read_swapnode)
+        self._reports_read: _ReadOnce[dict[str, HostedModel]] = _ReadOnce(reported_models)
+        #: Per uid: the inputs of the status last built and the status then in effect; the
+        #: same inputs over the same status build the same status again (nothing to write).
+        self._status_inputs: dict[str, tuple[Any, Mapping[str, Any] | None]] = {}
 
     # -- running -------------------------------------------------------------------------------
 
@@ -225,19 +276,20 @@ class Reconciler:
         snap = self.cache.snapshot()
         now = self.clock()
         live = live_nodes(snap.swapnodes, snap.leases, now, self.settings.grace_seconds)
-        reports = {name: reported_models(snap.swapnodes[name]) for name in live}
+        reports = {name: self._reports_read(name, snap.swapnodes[name]) for name in live}
+        self._reports_read.keep(snap.swapnodes)
 
         active: list[ModelDeployment] = []
         unreadable: dict[str, Verdict] = {}
         for uid, body in snap.deployments.items():
-            try:
-                deployment = _deployment(body)
-            except ContractError as e:  # e.g. stored under an older schema: say so, plan the rest
-                unreadable[uid] = Verdict(reason="InvalidSpec", message=str(e),
+            deployment = self._deployments_read(uid, body)
+            if isinstance(deployment, ContractError):  # e.g. stored under an older schema
+                unreadable[uid] = Verdict(reason="InvalidSpec", message=str(deployment),
                                           problem_field="spec", policy_invalid=True)  # fmt: skip
                 continue
             if not _deleting(body):
                 active.append(deployment)
+        self._deployments_read.keep(snap.deployments)
 
         verdicts = await self._plan(snap, live, active)
         verdicts.update(unreadable)
@@ -263,10 +315,12 @@ class Reconciler:
     ) -> dict[str, Verdict]:
         nodes = []
         for name in sorted(live):
-            try:
-                nodes.append(SwapNode.from_dict(snap.swapnodes[name]))
-            except ContractError as e:
-                log.warning("SwapNode %s cannot be read, leaving it out: %s", name, e)
+            node = self._swapnodes_read(name, snap.swapnodes[name])
+            if isinstance(node, ContractError):
+                log.warning("SwapNode %s cannot be read, leaving it out: %s", name, node)
+                continue
+            nodes.append(node)
+        self._swapnodes_read.keep(snap.swapnodes)
         assignments = dict(self._assignments)
         for deployment in active:
             uid = str(deployment.metadata["uid"])
@@ -465,39 +519,54 @@ class Reconciler:
     async def _route_all(
         self, snap: Snapshot, live: set[str], verdicts: Mapping[str, Verdict]
     ) -> dict[str, tuple[bool, str | None]]:
-        """(routed, problem) per placed uid."""
+        """(routed, problem) per placed uid. Models are routed side by side (each one's
+        Service, then its EndpointSlice), as many at once as there are Kubernetes threads."""
         routed: dict[str, tuple[bool, str | None]] = {}
-        for uid, verdict in verdicts.items():
-            body = snap.deployments[uid]
-            if verdict.node is None:
-                if uid in self._routed:
-                    await self._unroute(uid, body)
-                continue
-            gateway = routing.Gateway.parse(
-                ((snap.swapnodes.get(verdict.node) or {}).get("status") or {}).get(
-                    "gatewayEndpoint"
-                )
-            )
-            if gateway is None:
-                routed[uid] = (False, f"node {verdict.node} reports no gateway endpoint")
-                continue
-            metadata = body["metadata"]
-            owner = {"apiVersion": body["apiVersion"], "kind": body["kind"],
-                     "name": metadata["name"], "uid": uid}  # fmt: skip
-            try:
-                await self.router.ensure(
-                    metadata["namespace"], owner, gateway, verdict.node, ready=verdict.node in live
-                )
-            except routing.RouteError as e:
-                routed[uid] = (False, str(e))
-                continue
-            except kube.KubeError as e:
-                self.router.forget()
-                routed[uid] = (False, f"writing the Service or EndpointSlice failed: {e}")
-                continue
-            self._routed[uid] = (metadata["namespace"], metadata["name"])
-            routed[uid] = (True, None)
+        semaphore = asyncio.Semaphore(self.settings.kube_threads)
+
+        async def one(uid: str, verdict: Verdict) -> None:
+            async with semaphore:
+                await self._route(snap, live, uid, verdict, routed)
+
+        await asyncio.gather(*(one(uid, verdict) for uid, verdict in verdicts.items()))
         return routed
+
+    async def _route(
+        self,
+        snap: Snapshot,
+        live: set[str],
+        uid: str,
+        verdict: Verdict,
+        routed: dict[str, tuple[bool, str | None]],
+    ) -> None:
+        body = snap.deployments[uid]
+        if verdict.node is None:
+            if uid in self._routed:
+                await self._unroute(uid, body)
+            return
+        gateway = routing.Gateway.parse(
+            ((snap.swapnodes.get(verdict.node) or {}).get("status") or {}).get("gatewayEndpoint")
+        )
+        if gateway is None:
+            routed[uid] = (False, f"node {verdict.node} reports no gateway endpoint")
+            return
+        metadata = body["metadata"]
+        owner = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                 "name": metadata["name"], "uid": uid}  # fmt: skip
+        try:
+            await self.router.ensure(
+                metadata["namespace"], owner, gateway, verdict.node, ready=verdict.node in live,
+                new=uid not in self._routed and not (body.get("status") or {}).get("endpoint"),
+            )  # fmt: skip
+        except routing.RouteError as e:
+            routed[uid] = (False, str(e))
+            return
+        except kube.KubeError as e:
+            self.router.forget()
+            routed[uid] = (False, f"writing the Service or EndpointSlice failed: {e}")
+            return
+        self._routed[uid] = (metadata["namespace"], metadata["name"])
+        routed[uid] = (True, None)
 
     async def _write_statuses(
         self,
@@ -508,7 +577,11 @@ class Reconciler:
         reports: Mapping[str, Mapping[str, HostedModel]],
         routed: Mapping[str, tuple[bool, str | None]],
     ) -> None:
+        """Each changed status is written (one patch per object, then its Events), side by
+        side, as many at once as there are Kubernetes threads."""
         stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        semaphore = asyncio.Semaphore(self.settings.kube_threads)
+        writes = []
         for uid, body in snap.deployments.items():
             deleting = _deleting(body)
             if deleting and uid in self._released:
@@ -518,8 +591,13 @@ class Reconciler:
             verdict = verdicts.get(uid, Verdict(reason="Deleting", message="being deleted"))
             observed = self._observed(uid, namespace, name, verdict, live, reports, routed)
             previous = self._statuses.get(uid) or body.get("status")
+            generation = int(metadata.get("generation") or 1)
+            inputs = (generation, deleting, verdict, observed)
+            last = self._status_inputs.get(uid)
+            if last is not None and last[1] is previous and last[0] == inputs:
+                continue  # built from the same inputs over the same status: unchanged
             status = build_status(
-                generation=int(metadata.get("generation") or 1),
+                generation=generation,
                 deleting=deleting,
                 verdict=verdict,
                 observed=observed,
@@ -527,27 +605,46 @@ class Reconciler:
                 now=stamp,
             )
             if not status_changed(status, previous):
+                self._status_inputs[uid] = (inputs, previous)
                 continue
-            patch = {key: None for key in (previous or {}) if key not in status} | status
+            writes.append(self._write_status(uid, body, status, previous, inputs, semaphore))
+        await asyncio.gather(*writes)
+        for uid in set(self._statuses) - set(snap.deployments):
+            del self._statuses[uid]
+        for uid in set(self._status_inputs) - set(snap.deployments):
+            del self._status_inputs[uid]
+        self._refused = {
+            key: why for key, why in self._refused.items() if key[0] in snap.deployments
+        }
+
+    async def _write_status(  # noqa: PLR0917 - one call site
+        self,
+        uid: str,
+        body: Body,
+        status: dict[str, Any],
+        previous: Mapping[str, Any] | None,
+        inputs: Any,
+        semaphore: asyncio.Semaphore,
+    ) -> None:
+        metadata = body["metadata"]
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
+        patch = {key: None for key in (previous or {}) if key not in status} | status
+        async with semaphore:
             try:
                 await self.io.call(
                     kube.patch_model_deployment_status, namespace, name, {"status": patch}
                 )
             except kube.NotFound:
-                continue
+                return
             except kube.KubeError as e:
                 self.metrics.status_writes.labels("failed").inc()
                 log.warning("status of %s/%s: %s", namespace, name, e)
-                continue
+                return
             self.metrics.status_writes.labels("ok").inc()
             self._statuses[uid] = status
+            self._status_inputs[uid] = (inputs, status)
             for note in events_between(previous, status):
                 await self.events.post(body, note.type, note.reason, note.message)
-        for uid in set(self._statuses) - set(snap.deployments):
-            del self._statuses[uid]
-        self._refused = {
-            key: why for key, why in self._refused.items() if key[0] in snap.deployments
-        }
 
     def _observed(  # noqa: PLR0917 - one call site, every argument named there
         self,

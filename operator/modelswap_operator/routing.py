@@ -158,15 +158,30 @@ class Router:
         self._written: dict[tuple[str, str, str], Any] = {}
 
     async def ensure(
-        self, namespace: str, owner: Mapping[str, Any], gateway: Gateway, node: str, ready: bool
+        self,
+        namespace: str,
+        owner: Mapping[str, Any],
+        gateway: Gateway,
+        node: str,
+        ready: bool,
+        *,
+        new: bool = False,
     ) -> None:
         """Make the model's Service and EndpointSlice point at `gateway`. RouteError when a
-        Service of that name exists and is not ours, or the name cannot be a Service's."""
+        Service of that name exists and is not ours, or the name cannot be a Service's.
+
+        `new`: the model was never routed (its status names no endpoint), so its objects
+        most likely do not exist: each is created at once, and read only when the create
+        finds one there (one call each instead of a read and a create)."""
         service = service_body(namespace, owner, gateway)
-        await self._apply("Service", service, kube.read_service, kube.create_service)
+        await self._apply("Service", service, kube.read_service, kube.create_service, new=new)
         slice_ = endpoint_slice_body(namespace, owner, gateway, node, ready=ready)
         await self._apply(
-            "EndpointSlice", slice_, kube.read_endpoint_slice, kube.create_endpoint_slice
+            "EndpointSlice",
+            slice_,
+            kube.read_endpoint_slice,
+            kube.create_endpoint_slice,
+            new=new,
         )
 
     async def remove(self, namespace: str, name: str) -> None:
@@ -186,12 +201,22 @@ class Router:
             if found is not None and _ours(found):
                 await self.io.call(delete, namespace, object_name)
 
-    async def _apply(self, kind: str, body: dict[str, Any], read: Any, create: Any) -> None:
+    async def _apply(
+        self, kind: str, body: dict[str, Any], read: Any, create: Any, *, new: bool
+    ) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         key = (kind, namespace, name)
         wanted = _content(body)
         if self._written.get(key) == wanted:
             return
+        if new and key not in self._written:
+            try:
+                await self.io.call(create, namespace, body)
+            except kube.Conflict:
+                pass  # it exists after all: read it and decide as below
+            else:
+                self._written[key] = wanted
+                return
         found = await self.io.call(read, namespace, name)
         if found is None:
             await self.io.call(create, namespace, body)
