@@ -36,12 +36,18 @@ def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
+def _wire_fields(cls: Any) -> dict[str, dataclasses.Field[Any]]:
+    """A dataclass's fields by wire name (computed once per class: read, never changed)."""
+    return {wire_name(f): f for f in dataclasses.fields(cls)}
+
+
 def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     """Build dataclass `cls` from `data`; ModelError naming the path on any mismatch."""
     if not isinstance(data, Mapping):
         raise ModelError(path, f"expected an object, got {type(data).__name__}")
     hints = _hints(cast(Any, cls))
-    fields = {wire_name(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = _wire_fields(cast(Any, cls))
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ModelError(join_path(path, unknown[0]), "unknown field")
@@ -57,10 +63,10 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
 def to_dict(obj: Any) -> dict[str, Any]:
     """The wire form of a dataclass; None fields are omitted."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
+    for key, f in _wire_fields(cast(Any, type(obj))).items():
         value = getattr(obj, f.name)
         if value is not None:
-            out[wire_name(f)] = _encode(value)
+            out[key] = _encode(value)
     return out
 
 
