@@ -109,12 +109,24 @@ async def stream(
                 if bookmarks:
                     await response.write(_line("BOOKMARK", _bookmark(rt, cluster)))
                 continue
-            if event is None:
+            # what else is already queued goes out in the same write (one send, not one per
+            # event: a burst of writes reaches a watcher as a burst of lines)
+            lines: list[bytes] = []
+            ended = False
+            while event is not None:
+                seen_as = _translate(event, predicate)
+                if seen_as is not None:
+                    obj = cluster.as_version(rt, dict(event.object))
+                    lines.append(_line(seen_as, render(obj)))
+                if watcher.queue.empty():
+                    break
+                event = watcher.queue.get_nowait()
+            else:
+                ended = True
+            if lines:
+                await response.write(b"".join(lines))
+            if ended:
                 break
-            seen_as = _translate(event, predicate)
-            if seen_as is not None:
-                obj = cluster.as_version(rt, dict(event.object))
-                await response.write(_line(seen_as, render(obj)))
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away
