@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import pstats
+import shutil
 import signal
 import subprocess
 import sys
@@ -283,6 +284,11 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
                     f.close()
             if args.profile:
                 emu.stop()
+                if args.profile_dir is not None:  # the raw profiles, for pstats
+                    args.profile_dir.mkdir(parents=True, exist_ok=True)
+                    for name in ("operator.pstats", "emulator.pstats"):
+                        if (work / name).exists():
+                            shutil.copy(work / name, args.profile_dir / name)
                 notes = [
                     profile_summary(work / "operator.pstats", "operator", "modelswap_operator"),
                     profile_summary(work / "emulator.pstats", "emulator", "kube_emulator"),
@@ -500,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the operator and the emulator under cProfile; writes operator-profile.json "
         "(its times are slowed by the profilers: notes only)",
+    )
+    p.add_argument(
+        "--profile-dir", type=Path, default=None, help="with --profile: keep the .pstats here"
     )
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     args = p.parse_args(argv)
