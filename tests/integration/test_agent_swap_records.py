@@ -23,10 +23,10 @@ from modelswap_api.control import DesiredEntry
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.models import Link, ModelDeploymentSpec
 from modelswap_api.policy import effective_policy
-from modelswap_sidecar.agent import reports
-from modelswap_sidecar.agent.actuator import Actuator
-from modelswap_sidecar.agent.gateway_directory import AgentDirectory
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.ports import reports
+from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.engine.core import Engine, EngineSettings
 from modelswap_sidecar.engine.hoststore import HostStore
@@ -35,6 +35,7 @@ from modelswap_sidecar.engine.server import EngineServer
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 from modelswap_sidecar.metrics import NodeMetrics
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.triton.naming import triton_model_name
@@ -246,7 +247,7 @@ async def test_scoring_uses_the_measured_link(world_factory: Any, gbps: float, v
 
 
 async def test_an_unmeasured_link_scores_with_the_default() -> None:
-    from modelswap_sidecar.agent.actuator import (
+    from modelswap_sidecar.agent.core.actuator import (
         UNMEASURED_LINK_BYTES_PER_SECOND,
         link_bytes_per_second,
     )

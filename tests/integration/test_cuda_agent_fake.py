@@ -1,8 +1,8 @@
 """The agent wired to the cuda-vmm backends, on the fake `cuda.bindings` (no GPU here).
 
-- `assembled()` with `allocator: auto` on a fake machine of two GPUs: the inventory (UUIDs,
-  ordinals, product names, HBM totals) comes from the allocator, not from configured sim
-  GPUs; the link probe runs once per GPU in a real child process (the fake installed there
+- `assembly.build()` with `allocator: auto` on a fake machine of two GPUs: the inventory
+  (UUIDs, ordinals, product names, HBM totals) comes from the allocator, not from configured
+  sim GPUs; the link probe runs once per GPU in a real child process (the fake installed there
   by `tests/support/fake_cuda_site`) and its kind and GB/s reach `GET /v1/node`, the
   SwapNode report and the metrics; models are loaded with the `cuda-vmm` mapper and their
   GPU's UUID as Triton parameters.
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,9 +25,9 @@ from prometheus_client import CollectorRegistry
 from modelswap_api.wire import KvMode
 from modelswap_client import cuda_compat as cc
 from modelswap_client.client import RegionSpec, attach
-from modelswap_sidecar.agent.assembly import assembled
-from modelswap_sidecar.agent.gpu_links import measure_links
-from modelswap_sidecar.agent.node_report import NodeReporter
+from modelswap_sidecar.agent.assembly import build
+from modelswap_sidecar.agent.gpu_setup import measure_links
+from modelswap_sidecar.agent.ports.node_report import NodeReporter
 from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
 from modelswap_sidecar.allocators.cuda_vmm import CudaVmmAllocator
 from modelswap_sidecar.engine.core import Engine, EngineSettings
@@ -84,7 +85,8 @@ def test_agent_in_cuda_vmm_mode_takes_its_gpus_from_the_allocator_and_probes_lin
     assert settings.allocator == "auto" and settings.gpus[0].capacity_bytes is None
 
     async def scenario() -> None:
-        async with assembled(settings, cuda_options={"nvml": None}) as agent:
+        async with contextlib.AsyncExitStack() as stack:
+            agent = await build(settings, stack, cuda_options={"nvml": None})
             assert agent.inventory.backend == "cuda-vmm"
             assert agent.inventory.uuids == tuple(uuids), "by ordinal, from the driver"
             assert isinstance(agent.allocator, CudaVmmAllocator)
@@ -131,7 +133,7 @@ def test_agent_in_cuda_vmm_mode_takes_its_gpus_from_the_allocator_and_probes_lin
 
 
 def test_a_failed_probe_reports_an_unknown_link(tmp_path: Path) -> None:
-    from modelswap_sidecar.agent.gpu_inventory import GpuInventory, NodeGpu
+    from modelswap_sidecar.gpu.inventory import GpuInventory, NodeGpu
     from modelswap_sidecar.gpu.link_probe import LinkProbeError
 
     def failing(uuid: str, **_: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from modelswap_sidecar.agent.errors import SettingsError, StartupError
-from modelswap_sidecar.agent.gpu_inventory import build_allocator
+from modelswap_sidecar.agent.gpu_setup import build_allocator
 from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.local.rundir import RunDir

@@ -8,7 +8,7 @@ import pytest
 
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.settings import settings_from_document
-from modelswap_sidecar.agent.sim_link import round_gbps
+from modelswap_sidecar.gpu.sim_link import round_gbps
 
 
 def document(**extra: Any) -> dict[str, Any]:

@@ -15,12 +15,13 @@ from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.errors import ModelError, PolicyError, ResourceError
 from modelswap_api.models import EffectivePolicyStatus, ModelDeploymentSpec
 from modelswap_api.policy import EffectivePolicy, effective_policy
-from modelswap_sidecar.agent.backend import AgentBackend
-from modelswap_sidecar.agent.records import AgentModel, Serving
-from modelswap_sidecar.agent.views import GpuBudget, node_view
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.views import GpuBudget, node_view
+from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.local.desired import Generations, desired_set
 from modelswap_sidecar.local.manifests import LocalModel
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.policy.swapouts import plan_swap_outs
 

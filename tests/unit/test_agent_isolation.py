@@ -14,12 +14,13 @@ from modelswap_api.control import DesiredEntry
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.models import ModelDeploymentSpec
 from modelswap_api.policy import effective_policy
-from modelswap_sidecar.agent import reports
-from modelswap_sidecar.agent.isolation import each_record
-from modelswap_sidecar.agent.records import AgentModel, Serving
-from modelswap_sidecar.agent.views import GpuBudget, node_view
+from modelswap_sidecar.agent.core.isolation import each_record
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.views import GpuBudget, node_view
+from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.engine.errors import UnknownModel
+from modelswap_sidecar.model_states import Serving
 
 MIB = 1 << 20
 SPEC = {"model": {"source": {"uri": "/models/mlp"}, "weightsBytes": "32Mi"}}
@@ -51,7 +52,7 @@ class FlakyEngine:
             raise RuntimeError("engine bookkeeping broke")
         raise UnknownModel(name)
 
-    def model(self, name: str) -> Any:
+    def host_bytes_of(self, name: str) -> int:
         raise UnknownModel(name)
 
 
@@ -65,7 +66,7 @@ def test_a_model_whose_report_fails_is_listed_failed_and_the_others_as_usual(
 ) -> None:
     good, bad = model("good"), model("bad")
     engine = FlakyEngine(bad.triton_name)
-    with caplog.at_level(logging.DEBUG, logger="modelswap_sidecar.agent.isolation"):
+    with caplog.at_level(logging.DEBUG, logger="modelswap_sidecar.agent.core.isolation"):
         for _ in range(3):  # every policy tick and every GET reads them again
             infos = reports.model_infos(cast(Engine, engine), [bad, good], ("g0",))
     assert [(i.uid, i.phase) for i in infos] == [(bad.uid, "Failed"), (good.uid, "Loading")]

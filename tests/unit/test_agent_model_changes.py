@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from modelswap_api.models import ModelSpec
-from modelswap_sidecar.agent.model_changes import changed_fields, refusal
+from modelswap_sidecar.agent.core.model_changes import changed_fields, refusal
 
 
 def spec(**overrides: Any) -> ModelSpec:

@@ -9,7 +9,7 @@ from typing import Any
 from modelswap_api import codec, crds
 from modelswap_api.models import HostedModel, SwapNodeStatus
 from modelswap_api.validation import SchemaValidator
-from modelswap_sidecar.agent.node_report import (
+from modelswap_sidecar.agent.ports.node_report import (
     LAST_REQUEST_STEP_SECONDS,
     MAX_MESSAGE_CHARS,
     RequestTimeSteps,

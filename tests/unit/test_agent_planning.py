@@ -12,13 +12,14 @@ from modelswap_api.control import DesiredEntry, SourceCredentials
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.models import ModelDeploymentSpec, Source
 from modelswap_api.policy import effective_policy
+from modelswap_sidecar.agent.core.loading import authorization_of, map_source
+from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.loading import authorization_of, map_source
-from modelswap_sidecar.agent.placement import Deferral, Placement, place
-from modelswap_sidecar.agent.records import AgentModel, Serving
 from modelswap_sidecar.agent.settings import load_settings, settings_from_document
-from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.inputs import PolicySettings, Residency
 from modelswap_sidecar.sources.errors import CredentialsInvalid
 

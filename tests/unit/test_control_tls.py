@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from modelswap_api.tls import pinned_context
-from modelswap_sidecar.agent.control_tls import control_certificate
 from modelswap_sidecar.agent.errors import SettingsError, StartupError
+from modelswap_sidecar.agent.ports.control_tls import control_certificate
 from modelswap_sidecar.agent.settings import settings_from_document
 from modelswap_sidecar.control.certificate import ServingCertificate, self_signed
 

@@ -278,16 +278,3 @@ def test_inconsistent_inputs_are_refused() -> None:
         node(model("m"), model("m"))
     with pytest.raises(PolicyInputError, match="watermarks"):
         PolicySettings(high_watermark_fraction=0.5, low_watermark_fraction=0.8)
-
-
-def test_every_engine_state_has_a_residency_and_memory_holders_are_charged() -> None:
-    from modelswap_sidecar.engine.states import HOLDS_MEMORY, EngineState
-    from modelswap_sidecar.policy.inputs import CHARGED
-    from modelswap_sidecar.policy.residency import residency_of
-
-    for state in EngineState:
-        residency = residency_of(state)
-        if state in HOLDS_MEMORY:
-            assert residency in CHARGED, state
-    assert residency_of(EngineState.SWAPPED_OUT) is Residency.SWAPPED_OUT
-    assert residency_of(EngineState.RESIDENT) is Residency.RESIDENT

@@ -1,76 +1,56 @@
-"""How the agent is put together and run: one asyncio process.
+"""Building the agent: every part constructed once, in dependency order, each closed by the
+exit stack it is built on (`build(settings, stack) -> Agent`); `running.run` starts it.
 
-    allocator (sim | cuda-vmm | auto: `gpu_inventory`) and the GPUs it manages; in cuda-vmm
-    mode each GPU's link probed once (`gpu_links`, a short-lived child per GPU)
-    engine (allocator, host store, Triton stub voucher) + its protocol server (threads)
-    source resolver + cache, Triton driver, metrics registry
-    actuator (side effects) ← backend (NodeBackend) ← control service + aiohttp app
-    (HTTPS with the serving certificate `control_tls` picks: configured, or self-signed in
-    cluster mode; published in the SwapNode)
-    policy loop, runtime watch, adoption of the models a previous agent held
+    Kubernetes API client (cluster mode) and the control API's serving certificate
+      (`ports.kube_access`, `ports.control_tls`): a setting that cannot work ends here
+    allocator and GPU inventory (`gpu_setup`: sim | cuda-vmm | auto), each GPU's link
+    engine (allocator, host store, Triton stub voucher) and its protocol server (threads)
+    Triton driver, source cache and resolver → model loader
+    records table → metrics (sampled from it) → actuator (engine, loader, policy, records)
+    backend (actuator) → control service (backend)
+    policy loop (actuator, driver, the service's fencing) and runtime watch (Triton's pid)
 
-`run_agent(settings)` returns when SIGTERM or SIGINT arrives, after closing everything it
-opened. Triton itself is not started here: the supervisor (or local mode, or a test) runs
-it and tells the agent its pid through the pid source. A setting that cannot work here
-(cuda-vmm without a usable GPU, a kubeconfig that does not load, a configured serving
-certificate that does not load) ends `run_agent` with one
-line on stderr naming it and status 2, before anything is started.
+Nothing is started but the engine's protocol server (clients of a previous agent readopt
+through it) and the actuator's subscription to the engine's swap events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from modelswap_api.models import Link
-from modelswap_sidecar.agent import reports
-from modelswap_sidecar.agent.actuator import Actuator
-from modelswap_sidecar.agent.backend import AgentBackend
-from modelswap_sidecar.agent.cluster_heartbeat import node_heartbeat
-from modelswap_sidecar.agent.control_tls import control_certificate
-from modelswap_sidecar.agent.desired_file import load_entries
-from modelswap_sidecar.agent.errors import StartupError
-from modelswap_sidecar.agent.gateway_directory import AgentDirectory
-from modelswap_sidecar.agent.gpu_inventory import GpuInventory, build_allocator
-from modelswap_sidecar.agent.gpu_links import Prober, measure_links
-from modelswap_sidecar.agent.kube_access import api_client
-from modelswap_sidecar.agent.loading import ModelLoader
-from modelswap_sidecar.agent.loops import PolicyLoop, RuntimeWatch
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.loading import ModelLoader
+from modelswap_sidecar.agent.core.loops import PolicyLoop, RuntimeWatch
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.gpu_setup import build_allocator, measure_links
+from modelswap_sidecar.agent.ports import reports
+from modelswap_sidecar.agent.ports.backend import AgentBackend
+from modelswap_sidecar.agent.ports.control_tls import control_certificate
+from modelswap_sidecar.agent.ports.kube_access import api_client
 from modelswap_sidecar.agent.settings import AgentSettings
 from modelswap_sidecar.allocators.base import Allocator
-from modelswap_sidecar.control.app import make_app
-from modelswap_sidecar.control.app import start as start_control
-from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 from modelswap_sidecar.engine.core import Engine, EngineSettings
-from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.hoststore import HostStore
-from modelswap_sidecar.engine.server import EngineServer, harden_process
-from modelswap_sidecar.gateway.app import make_app as make_gateway_app
-from modelswap_sidecar.gateway.app import start as start_gateway
-from modelswap_sidecar.gateway.settings import GatewaySettings
-from modelswap_sidecar.metrics import NodeMetrics, metrics_app, register_link_metrics
+from modelswap_sidecar.engine.server import EngineServer
+from modelswap_sidecar.gpu.inventory import GpuInventory
+from modelswap_sidecar.gpu.links import Prober
+from modelswap_sidecar.metrics import NodeMetrics, register_link_metrics
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.sources.cache import CacheSettings, SourceCache
 from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.driver import TritonDriver
-from modelswap_sidecar.triton.errors import TritonError
 from modelswap_sidecar.triton.pids import TritonPidSource
 from modelswap_sidecar.triton.repository import ModelRepository
 from modelswap_sidecar.triton.stubs import TritonVoucher
@@ -79,12 +59,13 @@ log = logging.getLogger(__name__)
 
 DESIRED_FILE = "desired.json"
 REVISION_FILE = "revision.json"
-ENDPOINTS_FILE = "agent.json"
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Agent:
     settings: AgentSettings
+    #: The Kubernetes API client (cluster mode), else None.
+    api: Any
     engine: Engine
     allocator: Allocator
     inventory: GpuInventory
@@ -98,6 +79,20 @@ class Agent:
     registry: CollectorRegistry
     policy_loop: PolicyLoop
     watch: RuntimeWatch
+
+    @property
+    def sim(self) -> bool:
+        return self.inventory.backend == "sim"
+
+    @property
+    def products(self) -> tuple[str, ...] | None:
+        """Each GPU's product name (cuda-vmm); None on sim GPUs."""
+        return None if self.sim else tuple(g.product for g in self.inventory.gpus)
+
+    @property
+    def probed_links(self) -> tuple[Link, ...] | None:
+        """Each GPU's probed link (cuda-vmm); None on sim GPUs."""
+        return None if self.sim else self.links
 
 
 def build_engine(
@@ -117,25 +112,25 @@ def build_engine(
     return engine
 
 
-@contextlib.asynccontextmanager
-async def assembled(
+async def build(
     settings: AgentSettings,
+    stack: contextlib.AsyncExitStack,
     *,
     choose: Callable[[str], str] | None = None,
     cuda_options: dict[str, object] | None = None,
     prober: Prober | None = None,
-) -> AsyncIterator[Agent]:
-    """Every part built and started; all of it closed on exit (the serving certificate
-    first: a configured one that cannot be used raises `StartupError`). `choose` (the `auto`
-    decision), `cuda_options` (to `CudaVmmAllocator`) and `prober` (the link probe) are
-    for tests. Raises `StartupError` naming the setting when the allocator cannot start."""
+) -> Agent:
+    """Every part of the agent, each closed by `stack` (in reverse order of building).
+    `choose` (the `auto` decision), `cuda_options` (to `CudaVmmAllocator`) and `prober`
+    (the link probe) are for tests. Raises `StartupError` naming the setting that cannot
+    work (a kubeconfig, a serving certificate, the allocator), before anything starts."""
+    api = api_client(settings)  # cluster mode: a bad kubeconfig ends here, named
+    if api is not None:
+        stack.push_async_callback(asyncio.to_thread, api.close)
     certificate = control_certificate(settings)  # a bad configured one ends here, named
     allocator, inventory = build_allocator(settings, choose=choose, cuda_options=cuda_options)
-    try:
-        links = await measure_links(settings, inventory, prober=prober)
-    except BaseException:
-        allocator.close()
-        raise
+    stack.callback(allocator.close)
+    links = await measure_links(settings, inventory, prober=prober)
     log.info(
         "allocator %s (setting %s): %d GPU(s) %s",
         inventory.backend,
@@ -150,13 +145,11 @@ async def assembled(
         pid_file=settings.triton.pid_file,
         supervisor_state_file=settings.triton.supervisor_state_file,
     )
-    try:
-        engine = build_engine(settings, TritonVoucher(pid_source), allocator, inventory)
-    except BaseException:
-        allocator.close()
-        raise
+    engine = build_engine(settings, TritonVoucher(pid_source), allocator, inventory)
+    stack.callback(engine.close)
     server = EngineServer(engine, settings.socket_path)
     server.start()
+    stack.callback(server.close)
     repository = ModelRepository(settings.triton.repository)
     repository.create()
     driver = TritonDriver(
@@ -165,6 +158,7 @@ async def assembled(
         request_timeout_seconds=settings.triton.request_timeout_seconds,
         load_timeout_seconds=settings.triton.load_timeout_seconds,
     )
+    stack.push_async_callback(driver.close)
     cache = SourceCache(
         CacheSettings(
             root=settings.source_cache_dir,
@@ -173,6 +167,7 @@ async def assembled(
             trust_env=settings.source_trust_env,
         )
     )
+    stack.push_async_callback(cache.close)
     loader = ModelLoader(
         engine=engine,
         driver=driver,
@@ -183,12 +178,9 @@ async def assembled(
         gpu_uuids=inventory.uuids if inventory.backend != "sim" else (),
     )
     registry = CollectorRegistry()
-    holder: dict[str, Actuator] = {}
+    records: dict[str, AgentModel] = {}
     metrics = NodeMetrics(
-        registry,
-        lambda: reports.node_sample(
-            engine, list(holder["actuator"].records.values()), inventory.uuids
-        ),
+        registry, lambda: reports.node_sample(engine, list(records.values()), inventory.uuids)
     )
     register_link_metrics(registry, inventory.uuids, links)
     policy = Policy(
@@ -204,20 +196,20 @@ async def assembled(
         policy=policy,
         gpu_uuids=inventory.uuids,
         metrics=metrics,
+        records=records,
         links=links,
+        retry_failed_seconds=settings.policy.retry_failed_seconds,
     )
     actuator.listen(asyncio.get_running_loop())
-    actuator.set_retry_seconds(settings.policy.retry_failed_seconds)
-    holder["actuator"] = actuator
+    stack.push_async_callback(actuator.close)
+    sim = inventory.backend == "sim"
     backend = AgentBackend(
         actuator,
         node_name=settings.node_name,
         agent_version=settings.agent_version,
         desired_file=settings.state_dir / DESIRED_FILE,
-        gpu_products=tuple(g.product for g in inventory.gpus)
-        if inventory.backend != "sim"
-        else None,
-        gpu_links=links if inventory.backend != "sim" else None,
+        gpu_products=None if sim else tuple(g.product for g in inventory.gpus),
+        gpu_links=None if sim else links,
     )
     service = ControlService(
         backend,
@@ -233,10 +225,10 @@ async def assembled(
         ),
         clock=time.monotonic,
     )
-    actuator.may_load_new = service.may_load_new
     interval = settings.policy.interval_seconds
-    agent = Agent(
+    return Agent(
         settings=settings,
+        api=api,
         engine=engine,
         allocator=allocator,
         inventory=inventory,
@@ -248,188 +240,14 @@ async def assembled(
         backend=backend,
         service=service,
         registry=registry,
-        policy_loop=PolicyLoop(actuator, driver, interval_seconds=interval, metrics=metrics),
+        policy_loop=PolicyLoop(
+            actuator,
+            driver,
+            interval_seconds=interval,
+            metrics=metrics,
+            may_load_new=service.may_load_new,
+        ),
         watch=RuntimeWatch(
             actuator, driver, pid_source, interval_seconds=interval, metrics=metrics
         ),
     )
-    try:
-        yield agent
-    finally:
-        await actuator.close()
-        await driver.close()
-        await cache.close()
-        server.close()
-        engine.close()
-        allocator.close()
-
-
-async def adopt(agent: Agent) -> int:
-    """Take back the models a previous agent held (from its desired file), once Triton is
-    ready. A model Triton still serves is held as loading until its clients have readopted
-    their memory (the engine then counts live instances; no swap may touch it before),
-    then as loaded; any other is loaded again by the policy loop (restored from the host
-    store when the engine kept a copy)."""
-    await agent.watch.first_ready.wait()
-    try:
-        index = await agent.driver.repository_index()
-    except TritonError as e:
-        log.warning("cannot read Triton's repository index to adopt models: %s", e)
-        index = {}
-    adopted: list[AgentModel] = []
-    for entry in load_entries(agent.settings.state_dir / DESIRED_FILE):
-        if entry.uid in agent.actuator.records:
-            continue  # the operator pushed it first
-        try:  # a saved entry this agent cannot hold (an older agent took it) stays out
-            policy = agent.backend.policy_of(entry)
-            model = AgentModel(entry=entry, policy=policy)
-        except Exception as e:
-            log.warning("not adopting %s: %s", entry.uid, e)
-            continue
-        try:
-            model.gpu = agent.engine.model(model.triton_name).config.gpu
-        except UnknownModel:
-            model.gpu = None
-        served = index.get(model.triton_name)
-        if served is not None and served.state == "READY" and model.gpu is not None:
-            model.serving = Serving.LOADING
-            model.reason, model.message = "Adopting", "waiting for its clients to readopt"
-            adopted.append(model)
-        agent.actuator.records[entry.uid] = model
-    if adopted:
-        log.info("adopting %d model(s) held before this agent started", len(adopted))
-    deadline = time.monotonic() + agent.engine.settings.readopt_grace_seconds + 5.0
-    waiting = list(adopted)
-    while waiting:
-        for model in list(waiting):
-            status = reports.status_of(agent.engine, model)
-            if status is not None and status.instances > 0:
-                model.serving = Serving.LOADED
-                model.resident_since_seconds = time.monotonic()
-                model.reason, model.message = "Adopted", ""
-                waiting.remove(model)
-                agent.actuator.notify()
-        if not waiting or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)
-    for model in waiting:  # no client came back: load it again (restored from the store)
-        log.warning("model %s: no client readopted it; loading it again", model.uid)
-        model.serving = Serving.PENDING
-    agent.actuator.notify()
-    return len(adopted) - len(waiting)
-
-
-async def _serve_metrics(settings: AgentSettings, registry: CollectorRegistry) -> web.AppRunner:
-    runner = web.AppRunner(metrics_app(registry))
-    await runner.setup()
-    await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
-    return runner
-
-
-def _port_of(runner: web.AppRunner) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return int(address[1])
-    return 0
-
-
-def write_endpoints(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, sort_keys=True))
-    os.replace(tmp, path)
-
-
-async def _serve_gateway(settings: AgentSettings, agent: Agent) -> web.AppRunner:
-    gateway = GatewaySettings(
-        upstream_url=f"http://{settings.triton.url}",
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        local_mode=settings.local_mode,
-    )
-    app = make_gateway_app(AgentDirectory(agent.actuator), gateway, registry=agent.registry)
-    return await start_gateway(app)
-
-
-async def run_agent(settings: AgentSettings) -> int:
-    harden_process()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        api = api_client(settings)  # cluster mode: a bad kubeconfig ends here, named
-    except StartupError as e:
-        return _refuse(e)
-    try:
-        return await _run(settings, stop, api)
-    except StartupError as e:
-        return _refuse(e)
-    finally:
-        if api is not None:
-            await asyncio.to_thread(api.close)
-
-
-def _refuse(error: StartupError) -> int:
-    """One line on stderr (no log record: the same words twice would only confuse)."""
-    sys.stderr.write(f"modelswap sidecar: {error}\n")
-    return 2
-
-
-async def _run(settings: AgentSettings, stop: asyncio.Event, api: Any) -> int:
-    async with assembled(settings) as agent:
-        control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
-        metrics_runner = None
-        if settings.metrics_port:
-            metrics_runner = await _serve_metrics(settings, agent.registry)
-        gateway_runner = None
-        if settings.gateway_port:
-            gateway_runner = await _serve_gateway(settings, agent)
-        tasks = [
-            asyncio.create_task(agent.watch.run(), name="runtime-watch"),
-            asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
-            asyncio.create_task(adopt(agent), name="adopt"),
-        ]
-        write_endpoints(
-            settings.state_dir / ENDPOINTS_FILE,
-            {
-                "pid": os.getpid(),
-                "controlPort": _port_of(control),
-                "metricsPort": _port_of(metrics_runner) if metrics_runner else None,
-                "gatewayPort": _port_of(gateway_runner) if gateway_runner else None,
-                "socket": str(settings.socket_path),
-            },
-        )
-        log.info(
-            "agent for node %s ready: control port %d, %s allocator, %d GPU(s)",
-            settings.node_name,
-            _port_of(control),
-            agent.inventory.backend,
-            len(agent.inventory.gpus),
-        )
-        tls = agent.service.settings.tls
-        async with node_heartbeat(  # cluster mode only: SwapNode + node Lease
-            settings,
-            agent.actuator,
-            agent.service,
-            control_port=_port_of(control),
-            gateway_port=_port_of(gateway_runner) if gateway_runner else None,
-            links=agent.links if agent.inventory.backend != "sim" else None,
-            products=(
-                tuple(g.product for g in agent.inventory.gpus)
-                if agent.inventory.backend != "sim"
-                else None
-            ),
-            certificate_pem=tls.certificate_pem if tls is not None else None,
-            api=api,
-        ):
-            await stop.wait()
-        log.info("stopping the agent")
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await control.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        if gateway_runner is not None:
-            await gateway_runner.cleanup()
-    return 0

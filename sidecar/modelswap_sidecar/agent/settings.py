@@ -157,7 +157,7 @@ class AgentSettings:
     control_port: int = 9443
     token_file: Path
     grace_seconds: float = 90.0
-    #: `control.tls` (TLS_MODES); what it gives: `agent.control_tls.control_certificate`.
+    #: `control.tls` (TLS_MODES); what it gives: `agent.ports.control_tls.control_certificate`.
     control_tls: str = "auto"
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
@@ -309,7 +309,7 @@ def _gpus(raw: Any, allocator: str, default_reserve_bytes: int = 0) -> tuple[Sim
     """The `gpus` list. sim: at least one, each with `capacityBytes`. cuda-vmm: optional
     (which GPUs to manage, by UUID, and their reserves); `capacityBytes`/`linkGBps` are sim
     figures and refused there. auto: either; `capacityBytes` is checked when auto falls back
-    to sim (`gpu_inventory`)."""
+    to sim (`gpu_setup`)."""
     if raw is None:
         raw = []
     if not isinstance(raw, list):

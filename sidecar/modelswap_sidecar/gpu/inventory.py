@@ -1,35 +1,17 @@
-"""Which allocator the agent runs and the GPUs it manages: `build_allocator(settings)`.
-
-- ``sim``: one `SimAllocator` GPU per `gpus` entry (its `capacityBytes`), named by the
-  entry's uuid, product ``sim``.
-- ``cuda-vmm``: a `CudaVmmAllocator` over the GPUs the driver shows (or the `gpus`
-  entries' UUIDs); the inventory comes from the allocator — UUIDs, ordinals (under
-  `CUDA_DEVICE_ORDER=PCI_BUS_ID`), product names — and HBM totals from NVML through
-  `memory_info` (the engine's budget reads them). `gpus[].reserveBytes` applies by UUID,
-  `gpuReserveBytes` to every other GPU.
-- ``auto``: `choose_allocator_backend("auto")` decides (cuda-vmm when a driver and a GPU
-  with VMM + POSIX-fd handles are present, else sim), logging one line that says why.
+"""The GPUs a node's agent manages (`GpuInventory`), and which allocator backend the
+`allocator` setting means (`resolve_backend`: ``auto`` asks the driver through
+`devices.choose_allocator_backend`: cuda-vmm when a driver and a GPU with VMM + POSIX-fd
+handles are present, else sim).
 
 The engine, the actuator and the reports index GPUs by position (0..n-1) and use that
-position as the GPU's ordinal (Triton's instance groups are pinned to it). So cuda-vmm
-needs the managed GPUs to be ordinals 0..n-1 of the agent's view: give the agent (and
-Triton) exactly the GPUs to manage (`CUDA_VISIBLE_DEVICES`, or the device plugin), else
-start-up is refused with a message that says so.
-
-Failures raise `StartupError` naming the setting (`allocator`, `gpus`, `gpus[i].…`).
+position as the GPU's ordinal (Triton's instance groups are pinned to it). The agent's
+`gpu_setup` builds the inventory with the allocator.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from modelswap_sidecar.agent.errors import StartupError
-from modelswap_sidecar.agent.settings import AgentSettings
-from modelswap_sidecar.allocators.base import Allocator, AllocatorError, Location
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,98 +52,3 @@ def resolve_backend(requested: str, choose: Callable[[str], str] | None = None) 
 
         choose = choose_allocator_backend
     return choose("auto")
-
-
-def build_allocator(
-    settings: AgentSettings,
-    *,
-    choose: Callable[[str], str] | None = None,
-    cuda_options: dict[str, object] | None = None,
-) -> tuple[Allocator, GpuInventory]:
-    """The allocator for `settings.allocator` and the GPUs it manages. `cuda_options` go to
-    `CudaVmmAllocator` as well (tests pass `nvml=None`)."""
-    backend = resolve_backend(settings.allocator, choose)
-    if backend == "cuda-vmm":
-        return _cuda_vmm(settings, cuda_options or {})
-    return _sim(settings)
-
-
-def _sim(settings: AgentSettings) -> tuple[Allocator, GpuInventory]:
-    from modelswap_sidecar.allocators.sim import SimAllocator  # noqa: PLC0415
-
-    if not settings.gpus:
-        raise StartupError(
-            "gpus: the sim allocator needs at least one GPU "
-            f"(allocator {settings.allocator!r} found no CUDA GPU to use)"
-        )
-    capacities = []
-    for i, g in enumerate(settings.gpus):
-        if g.capacity_bytes is None:
-            raise StartupError(f"gpus[{i}].capacityBytes is required with the sim allocator")
-        capacities.append(g.capacity_bytes)
-    allocator = SimAllocator(
-        capacities_bytes=capacities, pool_chunk_bytes=settings.pool_chunk_bytes
-    )
-    gpus = tuple(
-        NodeGpu(uuid=g.uuid, ordinal=i, product="sim", reserve_bytes=g.reserve_bytes)
-        for i, g in enumerate(settings.gpus)
-    )
-    return allocator, GpuInventory("sim", gpus)
-
-
-def _cuda_vmm(
-    settings: AgentSettings, options: dict[str, object]
-) -> tuple[Allocator, GpuInventory]:
-    from modelswap_sidecar.allocators.cuda_vmm import CudaVmmAllocator  # noqa: PLC0415
-
-    # entries with capacityBytes are sim GPUs (auto's fallback); the others select by UUID
-    wanted = [g.uuid for g in settings.gpus if g.capacity_bytes is None] or None
-    if settings.allocator == "auto" and any(g.capacity_bytes is not None for g in settings.gpus):
-        log.info("allocator auto chose cuda-vmm: the sim GPU entries in gpus are not used")
-    try:
-        allocator = CudaVmmAllocator(
-            gpus=wanted,
-            chunk_bytes=settings.cuda.chunk_bytes,
-            max_chunk_bytes=settings.cuda.max_chunk_bytes,
-            **options,  # type: ignore[arg-type]
-        )
-    except AllocatorError as e:
-        raise StartupError(f"allocator: cuda-vmm: {e}") from e
-    try:
-        ordinals = [g.ordinal for g in allocator.gpus]
-        if sorted(ordinals) != list(range(len(ordinals))):
-            raise StartupError(
-                f"gpus: cuda-vmm manages GPUs {ordinals} of this process's view; the agent "
-                "needs them to be ordinals 0..n-1 — give the agent and Triton exactly the "
-                "GPUs to manage (CUDA_VISIBLE_DEVICES)"
-            )
-        reserves = {g.uuid.lower(): g.reserve_bytes for g in settings.gpus}
-        gpus = tuple(
-            NodeGpu(
-                uuid=g.uuid,
-                ordinal=g.ordinal,
-                product=g.name,
-                reserve_bytes=reserves.get(g.uuid.lower(), settings.gpu_reserve_bytes),
-            )
-            for g in sorted(allocator.gpus, key=lambda g: g.ordinal)
-        )
-        for g in gpus:
-            info = allocator.memory_info(Location.device(g.ordinal))
-            if g.reserve_bytes >= info.total_bytes:
-                raise StartupError(
-                    f"gpus: reserveBytes of {g.uuid} ({g.reserve_bytes}) is not below its HBM "
-                    f"total ({info.total_bytes})"
-                )
-            log.info(
-                "cuda-vmm GPU %d: %s (%s), HBM %d MiB total, %d MiB free, %d MiB reserved",
-                g.ordinal,
-                g.uuid,
-                g.product,
-                info.total_bytes >> 20,
-                info.free_bytes >> 20,
-                g.reserve_bytes >> 20,
-            )
-    except BaseException:
-        allocator.close()
-        raise
-    return allocator, GpuInventory("cuda-vmm", gpus)

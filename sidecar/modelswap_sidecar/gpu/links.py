@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from modelswap_api.models import Link
-from modelswap_sidecar.agent.gpu_inventory import GpuInventory
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.gpu.inventory import GpuInventory
 from modelswap_sidecar.gpu.link_probe import LinkProbe, LinkProbeError
 
 log = logging.getLogger(__name__)
@@ -26,25 +26,28 @@ log = logging.getLogger(__name__)
 Prober = Callable[..., LinkProbe]
 
 
-def sim_links(settings: AgentSettings) -> tuple[Link, ...]:
-    return tuple(
-        Link(kind="sim", host_to_device_gbps=g.link_gbps, device_to_host_gbps=g.link_gbps)
-        for g in settings.gpus
-    )
+@dataclass(frozen=True, kw_only=True)
+class LinkProbing:
+    """How cuda-vmm GPUs' links are probed (the agent's `cuda.linkProbe*` settings)."""
+
+    enabled: bool = True
+    size_bytes: int
+    timeout_seconds: float
 
 
-def probe_gpu(uuid: str, settings: AgentSettings, prober: Prober | None = None) -> Link:
+def sim_links(gbps: Sequence[float | None]) -> tuple[Link, ...]:
+    """One `sim` link per GPU with its configured GB/s (None: not configured)."""
+    return tuple(Link(kind="sim", host_to_device_gbps=g, device_to_host_gbps=g) for g in gbps)
+
+
+def probe_gpu(uuid: str, probing: LinkProbing, prober: Prober | None = None) -> Link:
     """One GPU's probed link (blocking: run it in a thread); an unknown link on failure."""
     if prober is None:
         from modelswap_sidecar.gpu.link_probe import probe_link  # noqa: PLC0415
 
         prober = probe_link
     try:
-        probe = prober(
-            uuid,
-            size_bytes=settings.cuda.link_probe_bytes,
-            timeout_seconds=settings.cuda.link_probe_timeout_seconds,
-        )
+        probe = prober(uuid, size_bytes=probing.size_bytes, timeout_seconds=probing.timeout_seconds)
     except (LinkProbeError, OSError) as e:
         log.warning("link probe of %s failed, its link is reported unknown: %s", uuid, e)
         return Link()
@@ -64,15 +67,21 @@ def probe_gpu(uuid: str, settings: AgentSettings, prober: Prober | None = None) 
 
 
 async def measure_links(
-    settings: AgentSettings, inventory: GpuInventory, *, prober: Prober | None = None
+    inventory: GpuInventory,
+    probing: LinkProbing,
+    *,
+    sim_gbps: Sequence[float | None] = (),
+    prober: Prober | None = None,
 ) -> tuple[Link, ...]:
-    """Every managed GPU's link, in inventory order (once, at start)."""
+    """Every managed GPU's link, in inventory order (once, at start); a sim inventory's
+    links carry `sim_gbps` (the configured figures, by position)."""
     if inventory.backend == "sim":
-        return sim_links(settings)
-    if not settings.cuda.link_probe:
+        configured = list(sim_gbps) + [None] * (len(inventory.gpus) - len(sim_gbps))
+        return sim_links(configured[: len(inventory.gpus)])
+    if not probing.enabled:
         log.info("link probe off (cuda.linkProbe: false): links reported unknown")
         return tuple(Link() for _ in inventory.gpus)
     links = []
     for gpu in inventory.gpus:  # one at a time: concurrent probes would share host bandwidth
-        links.append(await asyncio.to_thread(probe_gpu, gpu.uuid, settings, prober))
+        links.append(await asyncio.to_thread(probe_gpu, gpu.uuid, probing, prober))
     return tuple(links)

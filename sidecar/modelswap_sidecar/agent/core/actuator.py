@@ -26,17 +26,18 @@ from typing import Any
 
 from modelswap_api.control import ActionResult
 from modelswap_api.models import Link
+from modelswap_sidecar.agent.core.isolation import each_record
+from modelswap_sidecar.agent.core.loading import ModelLoader
+from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import LoadError
-from modelswap_sidecar.agent.isolation import each_record
-from modelswap_sidecar.agent.loading import ModelLoader
-from modelswap_sidecar.agent.placement import Deferral, Placement, place
-from modelswap_sidecar.agent.records import AgentModel, Serving
-from modelswap_sidecar.agent.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.engine.errors import EngineError, NoCapacity, UnknownModel
 from modelswap_sidecar.engine.events import SwapEvent, SwapKind
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.metrics import ModelLabels, NodeMetrics
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import NodeView, Residency
@@ -72,10 +73,14 @@ class Actuator:
         policy: Policy,
         gpu_uuids: tuple[str, ...],
         metrics: NodeMetrics | None,
+        records: dict[str, AgentModel] | None = None,
         links: Sequence[Link] = (),
+        retry_failed_seconds: float = 60.0,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
+        """`records` (by UID) is the table the actuator keeps; the assembly shares it with
+        the metrics' sampler, which is built before the actuator."""
         self.engine = engine
         self.loader = loader
         self.policy = policy
@@ -83,9 +88,9 @@ class Actuator:
         self.metrics = metrics
         self.clock = clock
         self.wall_clock = wall_clock
-        self.records: dict[str, AgentModel] = {}
-        #: Off while fenced: nothing new is loaded or swapped in (set by the assembly).
-        self.may_load_new: Callable[[], bool] = lambda: True
+        self.records: dict[str, AgentModel] = {} if records is None else records
+        #: How long a failed load waits before the next try (same generation).
+        self.retry_failed_seconds = retry_failed_seconds
         #: per GPU ordinal: what the policy scores a swap-in's cost with
         self.link_bytes_per_second = tuple(
             link_bytes_per_second(links[i] if i < len(links) else None)
@@ -229,13 +234,15 @@ class Actuator:
         if model.gpu is not None:
             return [self.gpu_uuids[model.gpu]]
         try:
-            return [self.gpu_uuids[self.engine.model(model.triton_name).config.gpu]]
+            return [self.gpu_uuids[self.engine.gpu_of(model.triton_name)]]
         except UnknownModel:
             return list(self.gpu_uuids)
 
-    def try_place(self, model: AgentModel) -> Placement | Deferral:
+    def try_place(self, model: AgentModel, *, fenced: bool = False) -> Placement | Deferral:
+        """Where `model` can load now, or why not. `fenced`: the control service's fencing
+        holds (nothing new is loaded)."""
         now = self.clock()
-        if not self.may_load_new():
+        if fenced:
             return Deferral(
                 reason="Fenced",
                 message="Lease renewals and operator pushes have both failed for the grace "
@@ -283,32 +290,29 @@ class Actuator:
             model.gpu,
         )
 
-    def reconcile(self) -> None:
+    def reconcile(self, *, fenced: bool = False) -> None:
         """Place every desired model that waits for a place (pending, deferred, failed and
-        due for a retry)."""
+        due for a retry); while `fenced`, each is deferred instead."""
         now = self.clock()
-        each_record(self.records.values(), "place", lambda model: self._reconcile(model, now))
+        each_record(
+            self.records.values(), "place", lambda model: self._reconcile(model, now, fenced)
+        )
 
-    def _reconcile(self, model: AgentModel, now: float) -> None:
+    def _reconcile(self, model: AgentModel, now: float, fenced: bool) -> None:
         if not model.desired or self.busy(model.uid):
             return
         if model.serving is Serving.FAILED:
-            due = (model.failed_at_seconds or 0.0) + self._retry_seconds
+            due = (model.failed_at_seconds or 0.0) + self.retry_failed_seconds
             if now < due and model.failed_generation == model.entry.generation:
                 return
         elif model.serving not in (Serving.PENDING, Serving.DEFERRED):
             return
-        decision = self.try_place(model)
+        decision = self.try_place(model, fenced=fenced)
         if isinstance(decision, Placement):
             self.start_load(model, decision)
         else:
             model.serving = Serving.DEFERRED
             model.reason, model.message = decision.reason, decision.message
-
-    _retry_seconds = 60.0
-
-    def set_retry_seconds(self, seconds: float) -> None:
-        self._retry_seconds = seconds
 
     # -- swaps -------------------------------------------------------------------------------
 

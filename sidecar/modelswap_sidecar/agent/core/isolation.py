@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from modelswap_sidecar.agent.records import AgentModel
+from modelswap_sidecar.agent.core.records import AgentModel
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from modelswap_api.control import SourceCredentials
 from modelswap_api.models import Source
 from modelswap_api.wire import KvMode, SwapOutMode
+from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.errors import LoadError
-from modelswap_sidecar.agent.records import AgentModel
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.records import ModelConfig

@@ -5,7 +5,8 @@ Policy loop (every `interval_seconds`):
    bypasses the gateway counts too);
 2. ask the policy for swap-outs (idle past `idleAfter`, relief above the high watermark;
    never a pinned model) and start them;
-3. place and load what waits (pending, deferred, failed and due for a retry).
+3. place and load what waits (pending, deferred, failed and due for a retry), unless the
+   control service's fencing holds (`may_load_new`): then each is deferred, `Fenced`.
 
 Swaps are recorded where they happen (`Actuator._on_swap`, from the engine's events), not
 here.
@@ -24,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.metrics import NodeMetrics
 from modelswap_sidecar.triton.driver import ModelStatistics, TritonDriver
 from modelswap_sidecar.triton.errors import TritonError
@@ -40,12 +41,16 @@ class PolicyLoop:
         *,
         interval_seconds: float,
         metrics: NodeMetrics | None,
+        may_load_new: Callable[[], bool] = lambda: True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`may_load_new`: False while the control service's fencing holds (nothing new is
+        placed: waiting models are deferred, reason `Fenced`)."""
         self.actuator = actuator
         self.driver = driver
         self.interval_seconds = interval_seconds
         self.metrics = metrics
+        self.may_load_new = may_load_new
         self.wall_clock = wall_clock
         self._last_inference: dict[str, float] = {}
 
@@ -73,7 +78,7 @@ class PolicyLoop:
                 self._swap_out(decision.uid, str(decision.reason)),
                 f"swap-out-{decision.uid}",
             )
-        act.reconcile()
+        act.reconcile(fenced=not self.may_load_new())
 
     async def _swap_out(self, uid: str, reason: str) -> None:
         result = await self.actuator.swap_out_uid(uid, reason=reason)
@@ -111,7 +116,7 @@ class RuntimeWatch:
         self._ready = False
         self._restart_pending = False
         self.restarts = 0
-        #: Set once Triton has been seen ready (the assembly waits on it to adopt models).
+        #: Set once Triton has been seen ready (`adoption.adopt` waits on it).
         self.first_ready = asyncio.Event()
 
     async def run(self) -> None:

@@ -1,34 +1,23 @@
 """What the agent holds per model: the desired entry, its effective policy, where it was
 placed, and where it stands in the runtime.
 
-`Serving` is the agent's own view (is the model loaded in Triton, or why not); the engine
-keeps the memory states (`EngineState`). A model that cannot attach to the client library
-(a non-python backend) is served with `onSwapOut: drop` semantics: swap-out unloads it from
-Triton and swap-in loads it again from its source.
+`serving` is the agent's own view (`model_states.Serving`: is the model loaded in Triton,
+or why not); the engine keeps the memory states (`EngineState`). A model that cannot attach
+to the client library (a non-python backend) is served with `onSwapOut: drop` semantics:
+swap-out unloads it from Triton and swap-in loads it again from its source.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from modelswap_api.control import DesiredEntry
 from modelswap_api.policy import EffectivePolicy
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.sources.resolver import ResolvedSource
 from modelswap_sidecar.triton.naming import triton_model_name
 
 UNSUPPORTED_RUNTIME = "UnsupportedRuntime"
-
-
-class Serving(enum.StrEnum):
-    PENDING = "pending"  # taken, not placed yet
-    DEFERRED = "deferred"  # cannot be placed now (no room, fenced); retried
-    LOADING = "loading"  # placed; source resolving or Triton loading
-    LOADED = "loaded"  # Triton serves it
-    DROPPED = "dropped"  # unloaded by a `drop` swap-out; loaded again on swap-in
-    UNLOADING = "unloading"
-    UNLOADED = "unloaded"  # missing from the set past its grace; host bytes kept
-    FAILED = "failed"  # the load failed (bad source, refused); retried later
 
 
 @dataclass

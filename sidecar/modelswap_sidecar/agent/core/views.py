@@ -2,8 +2,9 @@
 effects but `isolation`'s fault bookkeeping).
 
 Only models the runtime serves (or is loading, or dropped and due back) hold or may claim
-HBM; models pending, deferred, failed or unloaded are left out, and so is a model whose view
-cannot be made (its fault noted: the others are still weighed).
+HBM (`model_states.charged_residency`); models pending, deferred, failed or unloaded are
+left out, and so is a model whose view cannot be made (its fault noted: the others are
+still weighed).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from modelswap_sidecar.agent.isolation import each_record
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.core.isolation import each_record
+from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.model_states import charged_residency
 from modelswap_sidecar.policy.inputs import GpuView, ModelView, NodeView, Residency
-from modelswap_sidecar.policy.residency import residency_of as engine_residency
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,21 +26,6 @@ class GpuBudget:
     budget_bytes: int
     #: the GPU's measured link (`Actuator.link_bytes_per_second`)
     host_to_device_bytes_per_second: float = 10e9
-
-
-def residency_of(model: AgentModel, engine_state: EngineState | None) -> Residency | None:
-    """Where `model`'s bytes are for the budget; None: it claims no HBM and is not wanted in."""
-    if model.serving is Serving.LOADING:
-        return Residency.LOADING
-    if model.serving is Serving.DROPPED:
-        return Residency.SWAPPED_OUT
-    if model.serving is not Serving.LOADED:
-        return None
-    if not model.attaches:
-        return Residency.RESIDENT
-    if engine_state is None:
-        return Residency.LOADING
-    return engine_residency(engine_state)
 
 
 def model_view(
@@ -73,7 +59,9 @@ def node_view(
     def view_of(m: AgentModel) -> ModelView | None:
         if m.gpu is None or m.gpu not in uuids:
             return None
-        residency = residency_of(m, engine_states.get(m.triton_name))
+        residency = charged_residency(
+            m.serving, attaches=m.attaches, engine_state=engine_states.get(m.triton_name)
+        )
         return None if residency is None else model_view(m, residency, uuids[m.gpu], now_seconds)
 
     views = [v for v in each_record(models, "weigh the HBM of", view_of) if v is not None]

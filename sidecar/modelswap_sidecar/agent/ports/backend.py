@@ -26,16 +26,17 @@ from modelswap_api.control import (
 from modelswap_api.errors import PolicyError
 from modelswap_api.models import Link
 from modelswap_api.policy import EffectivePolicy
-from modelswap_sidecar.agent import reports
-from modelswap_sidecar.agent.actuator import Actuator
-from modelswap_sidecar.agent.desired_file import save_entries
-from modelswap_sidecar.agent.isolation import FAULT_REASON, fault_message, note_fault
-from modelswap_sidecar.agent.loading import engine_config
-from modelswap_sidecar.agent.model_changes import changed_fields, refusal
-from modelswap_sidecar.agent.placement import Placement
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, note_fault
+from modelswap_sidecar.agent.core.loading import engine_config
+from modelswap_sidecar.agent.core.model_changes import changed_fields, refusal
+from modelswap_sidecar.agent.core.placement import Placement
+from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.ports import reports
+from modelswap_sidecar.agent.ports.desired_file import save_entries
 from modelswap_sidecar.control.errors import UnknownModelError
 from modelswap_sidecar.engine.errors import EngineError, UnknownModel
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.triton.naming import triton_model_name
 
 log = logging.getLogger(__name__)

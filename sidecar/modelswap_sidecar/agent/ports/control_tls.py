@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from modelswap_sidecar.agent.cluster_heartbeat import advertised_host
 from modelswap_sidecar.agent.errors import StartupError
+from modelswap_sidecar.agent.ports.cluster_heartbeat import advertised_host
 from modelswap_sidecar.agent.settings import AgentSettings
 from modelswap_sidecar.control.certificate import ServingCertificate, read_files, self_signed
 from modelswap_sidecar.control.errors import CertificateError

@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from modelswap_sidecar.agent.actuator import Actuator
-from modelswap_sidecar.agent.isolation import each_record
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.isolation import each_record
+from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import SwapInFailedError, UnknownModelError
 from modelswap_sidecar.gateway.routing import resolve
+from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.triton.config import read_model_config
 from modelswap_sidecar.triton.errors import ModelConfigInvalid
 

@@ -2,8 +2,8 @@
 
 - GPUs: what the control API's `GET /v1/node` reports (capacity, reserve, per-process
   overhead, free HBM, host-store bytes and capacity, product), with the link: cuda-vmm's
-  probed `pcie`/`c2c` GB/s (`gpu_links`, once at start), or the kind `sim` and its GB/s
-  (configured, or measured once at start: `sim_link`);
+  probed `pcie`/`c2c` GB/s (`gpu.links`, once at start), or the kind `sim` and its GB/s
+  (configured, or measured once at start: `gpu.sim_link`);
 - models: every model the agent holds (desired, or unloaded with its host copy kept),
   sorted by uid, with what the operator copies into its ModelDeployment's status: phase
   as `state` (`Resident`, `SwappedOut`, `Loading`, …), GPU, generation, `desired`,
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from modelswap_api.models import HostedModel, Link
-from modelswap_sidecar.agent import reports
-from modelswap_sidecar.agent.actuator import Actuator
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.heartbeat.report import NodeReport
 
 #: The SwapNode's `lastRequestTime` moves only to a request at least this much later than

@@ -6,28 +6,16 @@ from __future__ import annotations
 import datetime
 import functools
 from collections.abc import Iterable, Sequence
-from typing import cast
 
 from modelswap_api.control import ModelInfo, NodeInfo
-from modelswap_api.models import GpuStatus, Link, Phase
-from modelswap_sidecar.agent.isolation import FAULT_REASON, fault_message, guarded
-from modelswap_sidecar.agent.records import AgentModel, Serving
+from modelswap_api.models import GpuStatus, Link
+from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, guarded
+from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.engine.core import Engine, ModelStatus
 from modelswap_sidecar.engine.errors import UnknownModel
-from modelswap_sidecar.engine.states import EngineState, phase_of
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.metrics import GpuSample, ModelLabels, ModelSample, NodeSample
-
-S = EngineState
-
-#: Serving states that say more than the engine's state does.
-_OWN = {
-    Serving.PENDING: (S.LOADING, "Pending"),
-    Serving.DEFERRED: (S.LOADING, "Pending"),
-    Serving.LOADING: (S.LOADING, "Loading"),
-    Serving.DROPPED: (S.DROPPED, "Dropped"),
-    Serving.UNLOADING: (S.DRAINING, "SwappingOut"),
-    Serving.FAILED: (S.FAILED, "Failed"),
-}
+from modelswap_sidecar.model_states import Serving, reported_state
 
 
 def rfc3339(wall_seconds: float | None) -> str | None:
@@ -49,35 +37,9 @@ def status_of(engine: Engine, model: AgentModel) -> ModelStatus | None:
 def host_bytes_of(engine: Engine, model: AgentModel) -> int:
     """Bytes the model holds in the host store: weights, preserved KV, the KV host tier."""
     try:
-        record = engine.model(model.triton_name)
+        return engine.host_bytes_of(model.triton_name)
     except UnknownModel:
         return 0
-    total = 0
-    for inst in list(record.instances.values()):
-        if inst.kv_host_file is not None:  # the tiered KV pool's host tier
-            total += inst.kv_host_file.size_bytes
-        for region in list(inst.regions.values()):
-            for stored in (region.weights_file, region.kv_file):
-                if stored is not None:
-                    total += stored.size_bytes
-    return total
-
-
-def state_and_phase(model: AgentModel, status: ModelStatus | None) -> tuple[str, str]:
-    if model.serving in _OWN:
-        return _OWN[model.serving]
-    if model.serving is Serving.LOADED and not model.attaches:
-        return "resident", "Resident"
-    if status is None:
-        return (
-            ("swapped_out", "SwappedOut")
-            if model.serving is Serving.UNLOADED
-            else (
-                "loading",
-                "Loading",
-            )
-        )
-    return str(status.state), phase_of(status.state).phase
 
 
 def fault_info(model: AgentModel) -> ModelInfo:
@@ -87,7 +49,7 @@ def fault_info(model: AgentModel) -> ModelInfo:
         namespace=model.entry.namespace,
         name=model.entry.name,
         generation=model.entry.generation,
-        state=str(S.FAILED),
+        state=str(EngineState.FAILED),
         phase="Failed",
         desired=model.desired,
         reason=FAULT_REASON,
@@ -115,7 +77,11 @@ def model_infos(
 def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) -> ModelInfo:
     """The model as the control API reports it (`model_infos` reports faults over it)."""
     status = status_of(engine, model)
-    state, phase = state_and_phase(model, status)
+    state, phase = reported_state(
+        model.serving,
+        attaches=model.attaches,
+        engine_state=status.state if status is not None else None,
+    )
     resident = status.resident_bytes if status is not None else 0
     if model.serving is Serving.LOADED and not model.attaches:
         resident = model.hbm_bytes
@@ -126,7 +92,7 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         name=model.entry.name,
         generation=model.entry.generation,
         state=state,
-        phase=cast(Phase, phase),
+        phase=phase,
         desired=model.desired,
         gpu=gpu_uuids[model.gpu] if model.gpu is not None else None,
         resident_bytes=resident,
@@ -165,8 +131,8 @@ def node_info(
                 hbm_reserved_bytes=view.reserve_bytes,
                 per_process_overhead_bytes=view.overhead_bytes_per_process,
                 hbm_free_bytes=view.available_bytes,
-                host_store_bytes=engine.store.used_bytes(ordinal),
-                host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
+                host_store_bytes=engine.host_store_bytes(ordinal),
+                host_store_capacity_bytes=engine.host_store_capacity_bytes(ordinal),
                 link=links[ordinal] if links is not None else Link(kind="sim"),
             )
         )
@@ -184,8 +150,8 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
                 reserved_bytes=view.reserve_bytes,
                 overhead_bytes=view.overhead_bytes_per_process * view.processes,
                 used_bytes=view.used_bytes,
-                host_store_bytes=engine.store.used_bytes(ordinal),
-                host_store_capacity_bytes=engine.store.capacities_bytes.get(ordinal, 0),
+                host_store_bytes=engine.host_store_bytes(ordinal),
+                host_store_capacity_bytes=engine.host_store_capacity_bytes(ordinal),
             )
         )
     samples = [

@@ -1,0 +1,176 @@
+"""Running the agent: `run_agent(settings)` builds it (`assembly.build`) and runs it
+(`run`) until SIGTERM or SIGINT, then closes everything it opened.
+
+`run(agent, stop)` starts, in order: the control API (HTTPS with the serving certificate
+when one was picked), the metrics and gateway servers when their ports are set, the runtime
+watch, the policy loop and the adoption of the models a previous agent held; writes the
+endpoints file (`agent.json`: pid and the ports bound); then, in cluster mode, the node
+heartbeat (SwapNode + node Lease) until `stop` is set.
+
+Triton itself is not started here: the supervisor (or local mode, or a test) runs it and
+tells the agent its pid through the pid source. A setting that cannot work here (cuda-vmm
+without a usable GPU, a kubeconfig that does not load, a configured serving certificate
+that does not load) ends `run_agent` with one line on stderr naming it and status 2,
+before anything is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from modelswap_sidecar.agent.assembly import DESIRED_FILE, Agent, build
+from modelswap_sidecar.agent.core.adoption import adopt
+from modelswap_sidecar.agent.errors import StartupError
+from modelswap_sidecar.agent.ports.backend import AgentBackend
+from modelswap_sidecar.agent.ports.cluster_heartbeat import node_heartbeat
+from modelswap_sidecar.agent.ports.desired_file import load_entries
+from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
+from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.control.app import make_app
+from modelswap_sidecar.control.app import start as start_control
+from modelswap_sidecar.control.auth import TokenFile
+from modelswap_sidecar.engine.server import harden_process
+from modelswap_sidecar.gateway.app import make_app as make_gateway_app
+from modelswap_sidecar.gateway.app import start as start_gateway
+from modelswap_sidecar.gateway.settings import GatewaySettings
+from modelswap_sidecar.metrics import metrics_app
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_FILE = "agent.json"
+
+
+async def run_agent(settings: AgentSettings) -> int:
+    harden_process()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            agent = await build(settings, stack)
+            await run(agent, stop)
+    except StartupError as e:
+        return _refuse(e)
+    return 0
+
+
+def _refuse(error: StartupError) -> int:
+    """One line on stderr (no log record: the same words twice would only confuse)."""
+    sys.stderr.write(f"modelswap sidecar: {error}\n")
+    return 2
+
+
+async def run(agent: Agent, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set; then stop the loops and servers started here (the parts
+    themselves are closed by the stack `agent` was built on)."""
+    settings = agent.settings
+    async with contextlib.AsyncExitStack() as stack:
+        control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
+        stack.push_async_callback(control.cleanup)
+        metrics_runner = None
+        if settings.metrics_port:
+            metrics_runner = await _serve_metrics(agent)
+            stack.push_async_callback(metrics_runner.cleanup)
+        gateway_runner = None
+        if settings.gateway_port:
+            gateway_runner = await _serve_gateway(agent)
+            stack.push_async_callback(gateway_runner.cleanup)
+        tasks = [
+            asyncio.create_task(agent.watch.run(), name="runtime-watch"),
+            asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
+            asyncio.create_task(
+                adopt(
+                    agent.actuator,
+                    agent.driver,
+                    agent.watch,
+                    saved_entries=functools.partial(
+                        load_entries, settings.state_dir / DESIRED_FILE
+                    ),
+                    policy_of=AgentBackend.policy_of,
+                ),
+                name="adopt",
+            ),
+        ]
+        stack.push_async_callback(_cancel, tasks)
+        control_port = _port_of(control)
+        gateway_port = _port_of(gateway_runner) if gateway_runner else None
+        write_endpoints(
+            settings.state_dir / ENDPOINTS_FILE,
+            {
+                "pid": os.getpid(),
+                "controlPort": control_port,
+                "metricsPort": _port_of(metrics_runner) if metrics_runner else None,
+                "gatewayPort": gateway_port,
+                "socket": str(settings.socket_path),
+            },
+        )
+        log.info(
+            "agent for node %s ready: control port %d, %s allocator, %d GPU(s)",
+            settings.node_name,
+            control_port,
+            agent.inventory.backend,
+            len(agent.inventory.gpus),
+        )
+        tls = agent.service.settings.tls
+        async with node_heartbeat(  # cluster mode only: SwapNode + node Lease
+            settings,
+            agent.actuator,
+            agent.service,
+            control_port=control_port,
+            gateway_port=gateway_port,
+            links=agent.probed_links,
+            products=agent.products,
+            certificate_pem=tls.certificate_pem if tls is not None else None,
+            api=agent.api,
+        ):
+            await stop.wait()
+        log.info("stopping the agent")
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _serve_metrics(agent: Agent) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(agent.registry))
+    await runner.setup()
+    await web.TCPSite(runner, agent.settings.metrics_host, agent.settings.metrics_port).start()
+    return runner
+
+
+async def _serve_gateway(agent: Agent) -> web.AppRunner:
+    gateway = GatewaySettings(
+        upstream_url=f"http://{agent.settings.triton.url}",
+        host=agent.settings.gateway_host,
+        port=agent.settings.gateway_port,
+        local_mode=agent.settings.local_mode,
+    )
+    app = make_gateway_app(AgentDirectory(agent.actuator), gateway, registry=agent.registry)
+    return await start_gateway(app)
+
+
+def _port_of(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0
+
+
+def write_endpoints(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)

@@ -1,0 +1,113 @@
+"""One model's state in each vocabulary the node speaks, and the one mapping between them.
+
+- `EngineState` (`engine.states`): where the engine has the model's memory.
+- `Serving`: the agent's own view: is the model loaded in the runtime, or why not.
+- `Residency` (`policy.inputs`): where the model's bytes are charged, as the policy weighs
+  each GPU's HBM.
+- the phase (`modelswap_api.models.Phase`): what the control API and the ModelDeployment
+  status report, with the state's name beside it.
+
+`residency_of` and `phase_of` read an engine state alone; `charged_residency` and
+`reported_state` put the agent's serving state over the engine's (a model the runtime does
+not serve has no engine state worth reading). Every caller maps through here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import cast
+
+from modelswap_api.models import Phase
+from modelswap_sidecar.engine import states as engine_states
+from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.policy.inputs import Residency
+
+S = EngineState
+
+
+class Serving(enum.StrEnum):
+    """The agent's view of one model (`agent.core.records.AgentModel.serving`)."""
+
+    PENDING = "pending"  # taken, not placed yet
+    DEFERRED = "deferred"  # cannot be placed now (no room, fenced); retried
+    LOADING = "loading"  # placed; source resolving or Triton loading
+    LOADED = "loaded"  # Triton serves it
+    DROPPED = "dropped"  # unloaded by a `drop` swap-out; loaded again on swap-in
+    UNLOADING = "unloading"
+    UNLOADED = "unloaded"  # missing from the set past its grace; host bytes kept
+    FAILED = "failed"  # the load failed (bad source, refused); retried later
+
+
+#: Every engine state as the policy charges it. A state a swap passes through stays
+#: charged to the GPU until the swap ends: a model part-way out still holds its chunks
+#: (UNMAPPED is releasing them), one part-way in already holds the new ones. DELETING is
+#: charged until the engine forgets the model.
+RESIDENCY: dict[EngineState, Residency] = {
+    S.LOADING: Residency.LOADING,
+    S.RESIDENT: Residency.RESIDENT,
+    S.DRAINING: Residency.SWAPPING_OUT,
+    S.QUIESCED: Residency.SWAPPING_OUT,
+    S.SAVING: Residency.SWAPPING_OUT,
+    S.UNMAPPED: Residency.SWAPPING_OUT,
+    S.SWAPPED_OUT: Residency.SWAPPED_OUT,
+    S.ALLOCATING: Residency.SWAPPING_IN,
+    S.MAPPED: Residency.SWAPPING_IN,
+    S.RESTORING: Residency.SWAPPING_IN,
+    S.DROPPED: Residency.SWAPPED_OUT,
+    S.FAILED: Residency.SWAPPED_OUT,
+    S.DELETING: Residency.SWAPPING_OUT,
+}
+
+#: Serving states that say more than the engine's state does: (state, phase) reported.
+_OWN: dict[Serving, tuple[str, Phase]] = {
+    Serving.PENDING: (str(S.LOADING), "Pending"),
+    Serving.DEFERRED: (str(S.LOADING), "Pending"),
+    Serving.LOADING: (str(S.LOADING), "Loading"),
+    Serving.DROPPED: (str(S.DROPPED), "Dropped"),
+    Serving.UNLOADING: (str(S.DRAINING), "SwappingOut"),
+    Serving.FAILED: (str(S.FAILED), "Failed"),
+}
+
+
+def residency_of(state: EngineState) -> Residency:
+    return RESIDENCY[state]
+
+
+def phase_of(state: EngineState) -> Phase:
+    """The phase the engine reports for `state` (its own table, `engine.states.PHASES`)."""
+    return cast(Phase, engine_states.phase_of(state).phase)
+
+
+def charged_residency(
+    serving: Serving, *, attaches: bool, engine_state: EngineState | None
+) -> Residency | None:
+    """Where a model's bytes are for the budget; None: it claims no HBM and is not wanted
+    in. Only a model the runtime serves (or is loading, or dropped and due back) holds or
+    may claim HBM; a runtime that cannot attach holds all of it while loaded."""
+    if serving is Serving.LOADING:
+        return Residency.LOADING
+    if serving is Serving.DROPPED:
+        return Residency.SWAPPED_OUT
+    if serving is not Serving.LOADED:
+        return None
+    if not attaches:
+        return Residency.RESIDENT
+    if engine_state is None:
+        return Residency.LOADING
+    return residency_of(engine_state)
+
+
+def reported_state(
+    serving: Serving, *, attaches: bool, engine_state: EngineState | None
+) -> tuple[str, Phase]:
+    """(state, phase) the control API reports for a model (`engine_state`: None when the
+    engine holds no record of it, or it does not attach)."""
+    if serving in _OWN:
+        return _OWN[serving]
+    if serving is Serving.LOADED and not attaches:
+        return "resident", "Resident"
+    if engine_state is None:
+        if serving is Serving.UNLOADED:
+            return "swapped_out", "SwappedOut"
+        return "loading", "Loading"
+    return str(engine_state), phase_of(engine_state)
