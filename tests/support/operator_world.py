@@ -92,8 +92,12 @@ def cluster_objects(namespaces: tuple[str, ...] = ("default",)) -> list[dict[str
 
 
 @contextlib.contextmanager
-def emulator(namespaces: tuple[str, ...] = ("default",)) -> Iterator[EmulatorThread]:
-    with EmulatorThread() as api:
+def emulator(
+    namespaces: tuple[str, ...] = ("default",), **options: Any
+) -> Iterator[EmulatorThread]:
+    """The emulator seeded with `cluster_objects`; `options` go to `KubeEmulator` (e.g.
+    `faults=`: injected faults start with the first request after the seeding)."""
+    with EmulatorThread(**options) as api:
         for body in cluster_objects(namespaces):
             api.create(body)
         yield api
