@@ -138,6 +138,8 @@ def test_both_helms_render_the_same(tmp_path: Path) -> None:
         ({"policyDefaults": {"swapPolicy": {"idleAfter": "soon"}}}, "/policyDefaults/swapPolicy/idleAfter"),
         ({"operator": {"replica": 2}}, "replica"),
         ({"graceSeconds": "90"}, "/graceSeconds"),
+        ({"node": {"tritonPorts": {"http": 9090, "grpc": 8001}}}, "/node/tritonPorts"),
+        ({"node": {"tritonPorts": {"http": 0, "grpc": 8001}}}, "/node/tritonPorts/http"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused_naming_the_key(

@@ -3,9 +3,17 @@
 and the real agent (sim GPUs, real Triton) started from the rendered commands, env and
 settings files with the chart's ServiceAccounts -- exactly the rights the chart grants.
 
+The node pod's PID 1 is the real supervisor (`modelswap node`) with the rendered args, env
+and node.yaml; it runs the agent and Triton under the image's uids for them
+(tests/support/chart_node.py says what stands in for the kubelet and the image). As root,
+the test checks the agent, Triton and every model stub run under those uids; unprivileged
+the supervisor cannot switch, and that part is skipped with a warning (`UidsNotExercised`).
+
 A user applies models, gets answers through their Services, deletes one; the request log
 then shows every rule the chart grants was used and nothing the components needed was
-refused; and the node's token cannot write another node's objects or read user Secrets."""
+refused; and the node's token cannot write another node's objects or read user Secrets.
+Not exercised: a container runtime (capabilities, seccomp, read-only root filesystem,
+memory limits), the pod network, real GPUs."""
 
 from __future__ import annotations
 
@@ -14,8 +22,10 @@ import hashlib
 import http.server
 import io
 import json
+import re
 import tarfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +36,7 @@ from kubernetes import client
 
 from modelswap_api.tls import pinned_context
 from tests.support.agent_harness import Control
+from tests.support.chart_node import NodePod, node_pod
 from tests.support.chart_world import (
     NAMESPACE,
     NODE,
@@ -36,18 +47,16 @@ from tests.support.chart_world import (
     POD_IP,
     POOL,
     Grant,
-    NodePod,
     OperatorPod,
     Ports,
     Release,
     chart_values,
     grants,
     install,
-    node_pod,
     operator,
     service_account_user,
 )
-from tests.support.dashboard import dashboard_metrics, scraped_names
+from tests.support.dashboard import dashboard_metrics, named_metrics, scraped_names
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
@@ -315,9 +324,8 @@ async def repairs(
     edited.ports[0].port = 1
     cluster.discovery.replace_namespaced_endpoint_slice("classify-modelswap", "default", edited)
     operator_pod.stop()
-    await node.stop_agent()
     certificate = await pin(control, cluster)
-    await node.start_agent()  # a supervisor restart: Triton and the models keep serving
+    await node.restart_agent()  # a crash the supervisor repairs: Triton keeps serving
     await pin(control, cluster, unlike=certificate)
     owner = await until(
         lambda: (cluster.swapnode(NODE) or {})["metadata"].get("ownerReferences"),
@@ -377,7 +385,7 @@ async def test_helm_install_runs_the_scenario_with_exactly_the_rendered_rights(
             # The node pods mount the control token Secret, which the operator creates.
             await until(lambda: cluster.secret("modelswap-control-token"),
                         "the operator to create the control token Secret")  # fmt: skip
-            async with node_pod(api, release, tmp_path / "node") as node:
+            async with node_pod(api, release, NODE) as node:
                 # The token from the Secret, as the node pod mounts it.
                 control = Control(f"https://{POD_IP}:{ports.control}", node.token)
                 try:
@@ -414,9 +422,31 @@ async def test_helm_install_runs_the_scenario_with_exactly_the_rendered_rights(
     )
 
 
+class UidsNotExercised(UserWarning):
+    """The test ran unprivileged: the supervisor could not switch uids."""
+
+
+def uids_are_separated(node: NodePod) -> None:
+    """The agent, Triton and every model stub (two models loaded) run under the uids and
+    groups node.yaml names, as the image defines them, and the agent's differs from
+    Triton's."""
+    if not node.privileged:
+        warnings.warn(UidsNotExercised(
+            "not root: the supervisor cannot switch uids, so the agent and Triton ran as "
+            "the test's user; uid separation was not exercised"), stacklevel=1)  # fmt: skip
+        return
+    found = node.identities()
+    agent, triton = node.expected_identity("agent"), node.expected_identity("triton")
+    assert (found.pop("agent"), found.pop("runtime")) == (agent, triton)
+    assert len(found) >= 2, f"no model stubs under Triton: {found}"
+    assert all(stub == triton for stub in found.values()), found
+    assert agent[0] != triton[0] and 0 not in (agent[0], triton[0])
+
+
 async def dashboard_metrics_are_scraped(ports: Ports) -> None:
-    """Every metric the chart's dashboard queries is in a real scrape of the agent (its
-    node, gateway and engine metrics) or of the operator, at the ports the chart renders."""
+    """Every metric the chart's dashboard queries, and every one docs/operations.md names,
+    is in a real scrape of the agent (its node, gateway and engine metrics) or of the
+    operator, at the ports the chart renders."""
     scraped: set[str] = set()
     async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
         for port in (ports.metrics, ports.operator_http):
@@ -425,6 +455,10 @@ async def dashboard_metrics_are_scraped(ports: Ports) -> None:
             scraped |= scraped_names(response.text)
     missing = dashboard_metrics() - scraped
     assert not missing, f"the dashboard queries metrics no scrape has: {sorted(missing)}"
+    # So do the names docs/operations.md gives (a `*` in one: some metric matches it).
+    named = named_metrics((REPO_ROOT / "docs" / "operations.md").read_text())
+    unmatched = [p for p in named if not any(re.fullmatch(p, n) for n in scraped)]
+    assert named and not unmatched, f"docs/operations.md names metrics no scrape has: {unmatched}"
 
 
 async def scenario(  # noqa: PLR0917 (the world's parts, in one call)
@@ -448,6 +482,7 @@ async def scenario(  # noqa: PLR0917 (the world's parts, in one call)
         assert found["status"]["endpoint"] == f"{name}.default.svc"
         await classify_through_service(cluster, name)
     assert _Sources.authorizations and set(_Sources.authorizations) == {SOURCE_AUTHORIZATION}
+    uids_are_separated(node)
     await repairs(cluster, node, control, operator_pod)
 
     for name in ("classify", "fetched"):

@@ -6,9 +6,16 @@ runs here), and the claims their comments make:
   doc's example values file in place of `my-values.yaml`;
 - the `docker build` commands name Dockerfiles that exist and tag pyproject's version
   (no container engine here: nothing is built);
+- the install block runs against the authorizing API emulator: `helm install` with the
+  doc's flags (the example values) and the `kubectl` commands after it;
 - the status-reading commands, and the node drain (`kubectl cordon` ... `uncordon`), run
   with the real kubectl against the API emulator with two real agents and the operator:
-  a cordoned node's taint reaches its SwapNode and the model moves (`TaintNotTolerated`).
+  a cordoned node's taint reaches its SwapNode and the model moves (`TaintNotTolerated`);
+- every name the doc gives in backticks exists: values keys, settings keys and object
+  fields (in values.schema.json, the rendered chart and its settings files, the CRDs, the
+  Dockerfiles' labels), metric names (in METRICS.md; test_chart_install.py finds them in a
+  real scrape), condition types and reasons (written by the code), and the defaults the
+  drain's comment quotes (read by the agent's settings code).
 
 Not run: the drain's `kubectl ... --field-selector spec.nodeName=...` pod commands (the
 emulator serves no field selector on Pods but metadata.name/namespace, and runs no pods);
@@ -18,6 +25,7 @@ their namespace and label selector are checked against the rendered chart instea
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import shlex
@@ -31,13 +39,20 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from kubernetes import client
 
+from modelswap_sidecar.agent.settings import load_settings
+from modelswap_sidecar.supervisor.restarts import RestartPolicy
 from tests.support.agent_harness import Node, node
+from tests.support.chart_world import helm_env
+from tests.support.dashboard import named_metrics
+from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_world import Objects, agent_config, emulator, operator
 from tests.support.waiting import until
 
 DOC = REPO_ROOT / "docs" / "operations.md"
+README = REPO_ROOT / "README.md"
 CHART = REPO_ROOT / "charts" / "modelswap"
 BIN = Path(sys.executable).parent
 HELMS = {"helm4": BIN / "helm", "helm3": BIN / "helm3"}
@@ -75,8 +90,17 @@ def doc_text() -> str:
     return DOC.read_text()
 
 
-def code_blocks(language: str | None = None) -> list[str]:
-    blocks = re.findall(r"^```(\w*)\n(.*?)^```", doc_text(), flags=re.MULTILINE | re.DOTALL)
+def readme_cluster_section() -> str:
+    """README's "On a cluster" section."""
+    section = re.search(r"^## On a cluster\n(.*?)(?=^## )", README.read_text(),
+                        flags=re.MULTILINE | re.DOTALL)  # fmt: skip
+    assert section, "README has no cluster section"
+    return section.group(1)
+
+
+def code_blocks(language: str | None = None, text: str | None = None) -> list[str]:
+    text = doc_text() if text is None else text
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     return [body for lang, body in blocks if language is None or lang == language]
 
 
@@ -219,6 +243,34 @@ def test_a_wrong_value_is_refused_as_the_doc_quotes(which: str, tmp_path: Path) 
     done = run_helm(which, "template", "ms", str(CHART), "--set", f"{key}=wrong")
     assert done.returncode != 0
     assert quotes[which[-1]] in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("which", sorted(HELMS))
+def test_readme_cluster_section_installs_with_helm(which: str) -> None:
+    """README's cluster section says what a cluster needs and installs with `helm install`,
+    which renders and lints as given; its node pods go only to the GPU nodes the comment
+    names and tolerate their taint."""
+    section = readme_cluster_section()
+    for need in ("Kubernetes 1.30", "NVIDIA device plugin", "images", "Helm 3 or 4"):
+        assert need in " ".join(section.split()), need
+    installs = [c for block in code_blocks("sh", section) for c in commands(block)
+                if c.argv[:2] == ("helm", "install")]  # fmt: skip
+    assert installs
+    for command in installs:
+        args = list(command.argv[2:])
+        rendered = run_helm(which, "template", *args)
+        assert rendered.returncode == 0, rendered.stderr
+        positional = [a for a in args if not a.startswith("-")]
+        lint_args = [a for a in args if a not in (positional[0], "--create-namespace")]
+        linted = run_helm(which, "lint", "--strict", *lint_args)
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+        selector = re.search(r"nodes labelled (\S+)=(\S+);", command.comment)
+        assert selector, command.comment
+        for obj in (o for o in yaml.safe_load_all(rendered.stdout) if o):
+            if obj["kind"] == "DaemonSet":
+                pod = obj["spec"]["template"]["spec"]
+                assert pod["nodeSelector"] == {selector.group(1): selector.group(2)}, pod
+                assert pod["tolerations"], "the GPU nodes' taint is not tolerated"
 
 
 # -- docker build ---------------------------------------------------------------------------
@@ -420,3 +472,233 @@ async def drain_node(
                         f"SwapNode {node_name} without the taint", 30)  # fmt: skip
         else:
             raise AssertionError(f"no step for {argv}")
+
+
+# -- the install block, against the emulator ------------------------------------------------
+
+
+#: The Prometheus Operator's ServiceMonitor CRD, reduced to what serving the kind needs.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "ServiceMonitor", "plural": "servicemonitors",
+                       "singular": "servicemonitor", "listKind": "ServiceMonitorList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                 "openAPIV3Schema": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}}}]},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_install_block_runs_against_the_emulator(tmp_path: Path) -> None:
+    """The block's `helm install` (the example values for `my-values.yaml`) as the cluster
+    admin, then its `kubectl` commands: no pods run here and no agent, so `get swapnodes`
+    lists none, but each command works against what the chart made."""
+    block = block_with("helm", "install")
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(example_values()))
+    with EmulatorThread(tls=True) as api:
+        kubectl = Kubectl(api.kubeconfig_path, api.home)
+        if example_values().get("serviceMonitor", {}).get("enabled"):
+            # "Needs": the Prometheus Operator's CRDs, for `serviceMonitor.enabled`.
+            assert "serviceMonitor.enabled` needs the Prometheus Operator" in doc_text()
+            api.create(SERVICE_MONITOR_CRD)
+        for command in block:
+            if command.argv[0] == "helm":
+                args, namespace = helm_args(command, values_file)
+                done = subprocess.run([str(HELMS["helm4"]), command.argv[1], *args],
+                                      env=helm_env(api), capture_output=True, text=True,
+                                      timeout=120, check=False, cwd=REPO_ROOT)  # fmt: skip
+                assert done.returncode == 0, f"{command.argv}: {done.stderr}"
+                assert "STATUS: deployed" in done.stdout, done.stdout
+            else:
+                done = run(kubectl, command)
+                assert done.returncode == 0, f"{command.argv}: {done.stderr}"
+                assert "No resources found" in done.stdout + done.stderr, done.stdout
+        # What would run the pods `get pods` lists is there.
+        made = kubectl.run("-n", namespace, "get", "daemonsets,deployments", "-o", "name")
+        assert made.returncode == 0 and "daemonset.apps/" in made.stdout, made.stderr
+        assert "deployment.apps/" in made.stdout, made.stdout
+
+
+# -- the names the doc gives ------------------------------------------------------------------
+
+#: Kubernetes' and Docker's own words the doc uses, not reasons modelswap writes.
+OTHER_WORDS = {"CrashLoopBackOff", "RuntimeDefault", "OnDelete", "RollingUpdate", "BuildKit"}
+#: A key (dotted, `[n]` or `[]` for list items) at the start of a backticked name, alone
+#: or followed by `: value`, `=value` or more words.
+KEY = re.compile(r"^([a-z][A-Za-z0-9]*(?:\[\d*\])?(?:\.[a-z][A-Za-z0-9]*(?:\[\d*\])?)*)(?=$|:|=| )")
+
+
+def backticked() -> list[str]:
+    return re.findall(r"`([^`\n]+)`", doc_text())
+
+
+@functools.cache
+def python_source() -> str:
+    files = [f for d in ("api", "operator", "sidecar") for f in (REPO_ROOT / d).rglob("*.py")]
+    return "\n".join(f.read_text() for f in files)
+
+
+def key_paths(value: Any, prefix: str = "") -> set[str]:
+    """Every key path of a YAML document (`a.b`, `a[].b` through lists)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            found |= {path} | key_paths(item, path)
+    elif isinstance(value, list):
+        found.add(f"{prefix}[]")
+        for item in value:
+            found |= key_paths(item, f"{prefix}[]")
+    return found
+
+
+def schema_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every property path of a JSON schema (values.schema.json, a CRD's openAPIV3Schema)."""
+    found: set[str] = set()
+    for key, sub in (schema.get("properties") or {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        found |= {path} | schema_paths(sub, path)
+    if isinstance(schema.get("items"), dict):
+        found |= {f"{prefix}[]"} | schema_paths(schema["items"], f"{prefix}[]")
+    return found
+
+
+@functools.cache
+def known_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(key paths, file names) the doc may name."""
+    paths = schema_paths(json.loads((CHART / "values.schema.json").read_text()))
+    for crd in (REPO_ROOT / "crds").glob("*.yaml"):
+        for version in load_yaml(crd)["spec"]["versions"]:
+            paths |= schema_paths(version["schema"]["openAPIV3Schema"])
+    rendered = run_helm("helm4", "template", "ms", str(CHART))
+    assert rendered.returncode == 0, rendered.stderr
+    files = {p.name for p in REPO_ROOT.glob("*")} | {p.name for p in CHART.rglob("*")}
+    for obj in (o for o in yaml.safe_load_all(rendered.stdout) if o):
+        paths |= key_paths(obj)
+        for name, text in (obj.get("data") or {}).items() if obj["kind"] == "ConfigMap" else ():
+            files.add(name)
+            loaded = yaml.safe_load(text)
+            paths |= key_paths(loaded) if isinstance(loaded, dict) else set()
+    paths |= key_paths(yaml.safe_load((CHART / "Chart.yaml").read_text()))
+    # The Lease fields the heartbeat command shows, as the Kubernetes API names them.
+    paths |= {f"spec.{field}" for field in client.V1LeaseSpec.attribute_map.values()}
+    for dockerfile in (REPO_ROOT / "images").glob("*.Dockerfile"):
+        paths |= set(re.findall(r"\b(org\.opencontainers\.[\w.]+)=", dockerfile.read_text()))
+    return frozenset(paths), frozenset(files)
+
+
+def names_a_known_key(key: str, paths: frozenset[str]) -> bool:
+    key = re.sub(r"\[\d+\]", "[]", key)
+    return any(p == key or p.endswith("." + key) for p in paths)
+
+
+def test_named_keys_and_fields_exist() -> None:
+    paths, files = known_names()
+    checked, unknown = [], []
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    for token in backticked():
+        match = KEY.match(token)
+        if not match:
+            continue
+        key = match.group(1)
+        keyed = token[len(key) :].startswith(": ")
+        if not ("." in key or "[" in key or keyed or re.search(r"[A-Z]", key)):
+            continue  # a plain word: a command, a backend name, ...
+        checked.append(key)
+        if key in files or names_a_known_key(key, paths):
+            continue
+        if f'"{key.replace(".", "-")}' in pyproject:  # a Python module of a dependency
+            continue
+        unknown.append(token)
+    assert {"crds.enabled", "kube.inCluster", "status.effectivePolicy"} <= set(checked)
+    assert not unknown, f"{DOC.name} names what nothing defines: {unknown}"
+
+
+def test_named_metrics_are_documented() -> None:
+    listed = set(re.findall(r"modelswap_[a-z0-9_]+", (DOC.parent / "METRICS.md").read_text()))
+    patterns = named_metrics(doc_text())
+    assert patterns
+    unmatched = [p for p in patterns if not any(re.fullmatch(p, n) for n in listed)]
+    assert not unmatched, f"not in METRICS.md: {unmatched}"
+
+
+def test_named_reasons_and_conditions_are_written_by_the_code() -> None:
+    text = doc_text()
+    words: set[str] = set()
+    for token in backticked():
+        words |= set(re.findall(r"\b[A-Z][a-z]+(?:[A-Z][a-z]+)+\b", token))
+    words |= set(re.findall(r"\(([A-Z][a-z]+(?:[A-Z][a-z]+)+)\)", text))
+    words -= OTHER_WORDS
+    assert {"NodeLost", "TaintNotTolerated", "QueueFull", "AgentUnavailable"} <= words
+    source = python_source()
+    missing = sorted(w for w in words if f'"{w}"' not in source)
+    assert not missing, f"reasons no code writes: {missing}"
+    conditions = re.findall(r"`(\w+)=(?:True|False)", text)
+    conditions += re.findall(r"conditions \(([^)]*)\)", text)[0].split(", ")
+    assert conditions
+    for condition in conditions:
+        assert f'type="{condition}"' in source, condition
+
+
+def test_quoted_defaults_are_the_agents(tmp_path: Path) -> None:
+    """The drain's comment quotes settings with their defaults (`name, 60`): the agent's
+    settings code reads the chart's agent.yaml to those values."""
+    quoted = []
+    for command in block_with("kubectl", "cordon"):
+        quoted += re.findall(r"([a-z][\w.]*[A-Z]\w*), (\d+)\b", command.comment)
+    assert len(quoted) >= 2, quoted
+    rendered = run_helm("helm4", "template", "ms", str(CHART), "--show-only",
+                        "templates/node-configmap.yaml")  # fmt: skip
+    agent_yaml = yaml.safe_load(yaml.safe_load(rendered.stdout)["data"]["agent.yaml"])
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(agent_yaml))
+    settings = load_settings(path, {"nodeName": "gpu-node-3"})
+    heartbeat = settings.kube.heartbeat if settings.kube else None
+    for name, value in quoted:
+        leaf = name.split(".")[-1]
+        snake = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), leaf)
+        assert leaf not in agent_yaml.get("kube", {}), f"{name} is set by the chart"
+        assert getattr(heartbeat, snake) == float(value), (name, value)
+
+
+# -- troubleshooting: settings errors ---------------------------------------------------------
+
+
+def set_path(doc: Any, path: str, value: Any) -> None:
+    """Set `a.b[0].c` in a loaded YAML document."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    for part in parts[:-1]:
+        doc = doc[int(part[1:-1])] if part.startswith("[") else doc[part]
+    last = parts[-1]
+    doc[int(last[1:-1]) if last.startswith("[") else last] = value
+
+
+def test_settings_errors_exit_as_the_troubleshooting_table_says(tmp_path: Path) -> None:
+    """Each quoted log line (`modelswap node: <key>: …`, `modelswap sidecar: <key>: …`):
+    the chart's own settings file with a wrong value at that key makes that program exit 2
+    with that line; and the supervisor gives up after the restarts the table quotes."""
+    text = " ".join(doc_text().split())
+    quotes = re.findall(r"`modelswap (node|sidecar): ([\w.\[\]]+): …`", text)
+    assert {program for program, _ in quotes} == {"node", "sidecar"}, quotes
+    rendered = run_helm("helm4", "template", "ms", str(CHART), "--show-only",
+                        "templates/node-configmap.yaml")  # fmt: skip
+    data = yaml.safe_load(rendered.stdout)["data"]
+    for program, key in quotes:
+        doc = yaml.safe_load(data["node.yaml" if program == "node" else "agent.yaml"])
+        set_path(doc, key, 0 if key.endswith("Port") else "lots")
+        path = tmp_path / f"{program}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        done = subprocess.run([str(BIN / "modelswap"), program, f"--config={path}",
+                               *(["--node-name=gpu-node-3"] if program == "sidecar" else [])],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 2, (program, key, done.stderr)
+        assert done.stderr.startswith(f"modelswap {program}: {key}: "), done.stderr
+    gives_up = re.search(r"gives up \(exit 1\) after (\d+) restarts in (\d+) s", text)
+    assert gives_up, "the table no longer says when the supervisor gives up"
+    policy = RestartPolicy()
+    assert (policy.give_up_after_restarts, policy.give_up_window_seconds) == (
+        int(gives_up.group(1)), float(gives_up.group(2)))  # fmt: skip
+    assert "restart" not in yaml.safe_load(data["node.yaml"]), "the chart keeps the defaults"

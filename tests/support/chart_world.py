@@ -15,17 +15,14 @@ Nothing runs the Deployment or the DaemonSet here, so this module plays the kube
   from the Service env) becomes a kubeconfig holding a token minted for the pod's
   ServiceAccount (`api.write_kubeconfig_for`), node-bound for the node pod.
 
-The node pod's supervisor (`modelswap node`) is not run: the agent is started from the
-command the supervisor would run (after `--` in the container's args) and Triton by
-`agent_harness.Triton`, as the operator scenario does. `adapt_agent_settings` names the
-only other changes to the rendered agent.yaml, and why.
+The node pod is `chart_node.NodePod`: its PID 1, the real supervisor, runs the agent and
+Triton from the rendered node.yaml, under their own uids when the test runs as root.
 
 Every process runs in its own process group and is killed as a group.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import os
@@ -33,7 +30,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +39,7 @@ import yaml
 from kubernetes import client
 
 from modelswap_sidecar.triton.process import free_loopback_port
-from tests.support.agent_harness import Triton, eventually, spawn
+from tests.support.agent_harness import spawn
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, api_client
@@ -200,6 +197,10 @@ class Mounts:
         self.api = api
         self.namespace = namespace
         self.root = root
+        #: The pod's fsGroup, applied as the kubelet does when this process may chown
+        #: (root): volumes' files group-owned by it.
+        fs_group = (pod.get("securityContext") or {}).get("fsGroup")
+        self.fs_group: int | None = fs_group if os.geteuid() == 0 else None
         #: mountPath -> (local folder, volume)
         self.mounts: dict[str, tuple[Path, dict[str, Any]]] = {}
         for mount in container.get("volumeMounts") or ():
@@ -211,6 +212,13 @@ class Mounts:
             else:
                 local = root / mount["name"]
                 local.mkdir(parents=True, exist_ok=True)
+                # An emptyDir is world-writable (setgid to the fsGroup); a projected
+                # volume's folder is readable by all, its files as their mode says.
+                local.chmod(0o777 if "emptyDir" in volume else 0o755)
+                if self.fs_group is not None:
+                    os.chown(local, 0, self.fs_group)
+                    if "emptyDir" in volume:
+                        local.chmod(0o2777)
             self.mounts[mount["mountPath"]] = (local, volume)
 
     def local(self, path: str) -> str:
@@ -233,6 +241,7 @@ class Mounts:
                     data = core.read_namespaced_config_map(name, self.namespace).data or {}
                     for key, text in data.items():
                         (folder / key).write_text(text)
+                        self._own(folder / key)
                 elif "secret" in volume:
                     name = volume["secret"]["secretName"]
                     try:
@@ -249,7 +258,12 @@ class Mounts:
                             target.unlink()
                         target.write_bytes(base64.b64decode(encoded))
                         target.chmod(mode)
+                        self._own(target)
         return missing
+
+    def _own(self, path: Path) -> None:
+        if self.fs_group is not None:
+            os.chown(path, 0, self.fs_group)
 
 
 def local_paths(value: Any, mounts: Mounts) -> Any:
@@ -366,129 +380,6 @@ def _local_arg(arg: str, mounts: Mounts) -> str:
         flag, value = arg.split("=", 1)
         return f"{flag}={mounts.local(value)}"
     return mounts.local(arg)
-
-
-# -- the node pod -------------------------------------------------------------------------------
-
-
-def adapt_agent_settings(doc: Mapping[str, Any], mounts: Mounts, triton: Triton,
-                         kubeconfig: Path) -> dict[str, Any]:  # fmt: skip
-    """The rendered agent.yaml with exactly these changes:
-
-    1. paths under the pod's mounts → the mounts' folders here (`local_paths`; the
-       model-source hostPath is the examples folder itself);
-    2. `kube.inCluster: true` → `kube.kubeconfig`: the in-cluster config reads the token
-       the kubelet projects under /var/run/secrets; here the same ServiceAccount's
-       node-bound token comes in a kubeconfig;
-    3. `triton.url` → the harness Triton's port: in the pod Triton listens on 127.0.0.1:8000
-       in the pod's own network namespace, here on a loopback shared with other tests;
-    4. `triton.supervisorStateFile` → `triton.pidFile`: no supervisor runs here to write its
-       state file (which tells the agent Triton's pid, for vouching for model stubs); the
-       harness Triton writes a pid file instead.
-    """
-    adapted: dict[str, Any] = local_paths(dict(doc), mounts)
-    kube_section = dict(adapted["kube"])
-    assert kube_section.pop("inCluster") is True
-    adapted["kube"] = {**kube_section, "kubeconfig": str(kubeconfig)}
-    triton_section = dict(adapted["triton"])
-    assert triton_section.pop("supervisorStateFile")
-    triton_section["url"] = triton.url
-    triton_section["pidFile"] = str(triton.pid_file)
-    assert triton_section["repository"] == str(triton.repository)  # one shared volume
-    adapted["triton"] = triton_section
-    return adapted
-
-
-def agent_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """The command the supervisor runs for the agent: the container's args after `--`
-    (the image's entrypoint is `modelswap node`), `$(VAR)`s expanded."""
-    assert "command" not in container
-    args = [expand(a, env) for a in container["args"]]
-    sidecar = args[args.index("--") + 1 :]
-    assert sidecar[:2] == ["modelswap", "sidecar"], sidecar
-    return [str(MODELSWAP), *sidecar[1:]]
-
-
-class NodePod:
-    """The pool's node pod on one node: Triton (harness) and the agent, restartable (the
-    supervisor restarts a dead agent; Triton and its models keep serving)."""
-
-    def __init__(self, api: EmulatorThread, release: Release, folder: Path, node_name: str):
-        pod = release.pod("DaemonSet", f"{NODE_OBJECTS}-{POOL}")
-        (container,) = pod["containers"]
-        self.folder = folder
-        self.mounts = Mounts(api, NAMESPACE, pod, container, folder)
-        env = downward_env(container, {"spec.nodeName": node_name, "status.podIP": POD_IP,
-                                       "metadata.name": NODE_POD})  # fmt: skip
-        self.kubeconfig = api.write_kubeconfig_for(NAMESPACE, pod["serviceAccountName"], node_name)
-        self.command = agent_command(container, env)
-        self.triton = Triton(folder)
-        self.settings: dict[str, Any] = {}
-        self.agent: Process | None = None
-
-    def prepare(self) -> None:
-        """Project the ConfigMap and the control token Secret (it must exist: the operator
-        makes it), write the adapted settings, make the init container's folders."""
-        assert self.mounts.project() == [], "the control token Secret is not there yet"
-        index, rendered = next((i, a) for i, a in enumerate(self.command)
-                               if a.startswith("--config="))  # fmt: skip
-        doc = yaml.safe_load(Path(self.mounts.local(rendered.split("=", 1)[1])).read_text())
-        self.settings = adapt_agent_settings(doc, self.mounts, self.triton, self.kubeconfig)
-        # The folders the chart's `prepare` init container makes (it also gives them to the
-        # agent's uid; here the agent runs as this user, who owns them already).
-        Path(self.settings["socketDir"]).mkdir(mode=0o755, parents=True, exist_ok=True)
-        for path in (self.settings["stateDir"], self.settings["hostStore"]["dir"],
-                     self.settings["sourceCache"]["dir"]):  # fmt: skip
-            Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
-        config_file = self.folder / "agent.yaml"
-        config_file.write_text(yaml.safe_dump(self.settings))
-        self.command[index] = f"--config={config_file}"
-
-    @property
-    def token(self) -> str:
-        return Path(self.settings["control"]["tokenFile"]).read_text()
-
-    async def start_agent(self) -> None:
-        """Start the agent; ready when it has written its endpoints file."""
-        endpoints = Path(self.settings["stateDir"]) / "agent.json"
-        with contextlib.suppress(FileNotFoundError):
-            endpoints.unlink()
-        agent = self.agent = Process(self.command, self.folder / "agent.log", child_env())
-
-        async def started() -> bool:
-            if not agent.running():
-                raise AssertionError(f"agent exited: {agent.log_tail()}")
-            return endpoints.exists()
-
-        await eventually(started, timeout_seconds=30, what="the agent to start")
-
-    async def stop_agent(self) -> None:
-        if self.agent is not None:
-            agent, self.agent = self.agent, None
-            code = await asyncio.to_thread(agent.stop)
-            assert code == 0, f"agent exit status {code}: {agent.log_tail()}"
-
-
-@contextlib.asynccontextmanager
-async def node_pod(
-    api: EmulatorThread, release: Release, folder: Path, node_name: str = NODE
-) -> AsyncIterator[NodePod]:
-    """The node pod with its agent running; Triton and the agent stopped after."""
-    pod = NodePod(api, release, folder, node_name)
-    pod.prepare()
-    await pod.triton.start()
-    try:
-        await pod.start_agent()
-        yield pod
-    except BaseException:
-        if pod.agent is not None:
-            sys.stderr.write(f"--- agent log ---\n{pod.agent.log_tail(8000)}\n")
-        raise
-    finally:
-        try:
-            await pod.stop_agent()
-        finally:
-            await pod.triton.close()
 
 
 # -- rights -------------------------------------------------------------------------------------

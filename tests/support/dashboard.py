@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -29,3 +30,12 @@ def scraped_names(text: str) -> set[str]:
     (`# TYPE`, present even before a labelled family has samples) with its suffixes."""
     families = re.findall(r"^# TYPE (\S+) \S+$", text, re.MULTILINE)
     return {family.removesuffix("_total") + suffix for family in families for suffix in SUFFIXES}
+
+
+def named_metrics(text: str) -> set[str]:
+    """The `modelswap_*` metric names a document names in backticks (not the Python
+    packages, `modelswap_client`), as regular expressions (`*` in a name stands for any
+    part of it: `modelswap_hbm_*_bytes`)."""
+    names = re.findall(r"`(modelswap_[a-z0-9_*]+)`", text)
+    return {name.replace("*", "[a-z0-9_]*") for name in names
+            if "*" in name or importlib.util.find_spec(name) is None}  # fmt: skip

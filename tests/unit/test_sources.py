@@ -169,6 +169,21 @@ async def test_a_fetched_archive_is_verified_unpacked_cached_and_adopted_after_a
 
 
 @pytest.mark.asyncio
+async def test_an_entry_is_readable_by_another_uid(server: Server, tmp_path: Path) -> None:
+    """Triton runs under its own uid and loads the model from the cache entry: every folder
+    on the way is enterable and every file readable by others, none writable by them."""
+    source = Source(uri=server.url("/models/echo.tar.gz"))
+    cache = new_cache(tmp_path / "cache")
+    resolved = await SourceResolver(cache).resolve(source)
+    await cache.close()
+    paths = [*resolved.model_dir.relative_to(tmp_path).parents][:-1]
+    for path in [*(tmp_path / p for p in paths), *resolved.model_dir.rglob("*")]:
+        mode = path.stat().st_mode
+        assert mode & (0o005 if path.is_dir() else 0o004), f"{path}: {oct(mode)}"
+        assert not mode & 0o002, f"{path}: {oct(mode)}"
+
+
+@pytest.mark.asyncio
 async def test_a_redirect_is_followed(server: Server, tmp_path: Path) -> None:
     cache = new_cache(tmp_path / "cache")
     entry = await cache.fetch(server.url("/moved.tar.gz"))

@@ -135,7 +135,8 @@ class SourceCache:
         )  # fmt: skip
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        settings.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Readable, not writable, by Triton's uid: it loads the models from here.
+        settings.root.mkdir(parents=True, exist_ok=True, mode=0o755)
         self._scan()
 
     async def close(self) -> None:
@@ -270,7 +271,7 @@ class SourceCache:
 
     def _tmp_dir(self, key: str) -> Path:
         tmp = self.settings.root / f"{TMP_PREFIX}{key}-{secrets.token_hex(4)}"
-        tmp.mkdir(mode=0o700)
+        tmp.mkdir(mode=0o755)  # renamed into place: Triton's uid reads the entry
         return tmp
 
     async def _install(
