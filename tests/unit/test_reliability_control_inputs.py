@@ -159,6 +159,32 @@ async def test_a_trickled_body_is_a_408_and_trickled_headers_lose_the_connection
 
 
 @pytest.mark.asyncio
+async def test_a_declared_length_over_the_limit_is_a_413_before_the_body_is_read(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        started = time.monotonic()
+        writer.write(
+            b"PUT /v1/desired HTTP/1.1\r\nHost: agent\r\n"
+            + f"Authorization: {AUTH['Authorization']}\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n{"
+        )
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        seconds = time.monotonic() - started
+        writer.close()
+    assert b" 413 " in status_line, status_line
+    assert seconds < 1.0
+    record(
+        "inputs",
+        input="control API: Content-Length 10,000,000,000 (one byte sent)",
+        limit="ControlSettings.max_body_bytes (16 MiB)",
+        outcome="413 before the body is read",
+        answered_seconds=round(seconds, 3),
+    )
+
+
+@pytest.mark.asyncio
 @pytest.mark.slow
 async def test_checking_a_large_desired_set_leaves_the_event_loop_to_others(
     tmp_path: Path,

@@ -225,13 +225,19 @@ def _depth_exceeds(value: object, limit: int) -> bool:
 
 async def _read_body(request: web.Request) -> bytes:
     """The body as sent: no Content-Encoding (415), within `body_timeout_seconds` (408);
-    its size is bounded by `client_max_size` (413)."""
+    its size bounded by `max_body_bytes`, declared or sent (413)."""
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise web.HTTPUnsupportedMediaType(
             text=f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
         )
-    timeout_seconds = request.app[SERVICE].settings.body_timeout_seconds
+    settings = request.app[SERVICE].settings
+    declared = request.content_length
+    if declared is not None and declared > settings.max_body_bytes:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=settings.max_body_bytes, actual_size=declared
+        )  # at once, not after reading the first max_body_bytes
+    timeout_seconds = settings.body_timeout_seconds
     try:
         async with asyncio.timeout(timeout_seconds):
             return await request.read()
