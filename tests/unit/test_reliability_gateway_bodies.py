@@ -285,3 +285,34 @@ async def test_a_gzip_body_within_the_limit_still_serves() -> None:
             w, "/v2/models/llama/infer", body, {**JSON, "Content-Encoding": "deflate"}
         )
         assert status == 200 and answer["outputs"][0]["data"] == [6]
+
+
+HEADERS = [
+    pytest.param(b"X-Big: " + b"a" * 100_000 + b"\r\n", "a 100 KB header", id="long-header"),
+    pytest.param(b"".join(b"X-H%d: v\r\n" % i for i in range(5000)), "5,000 headers",
+                 id="many-headers"),
+    pytest.param(b"X-Bad\x00Name: v\r\n", "a NUL in a header name", id="nul"),
+]  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("headers", "what"), HEADERS)
+async def test_oversized_or_malformed_headers_are_a_4xx(headers: bytes, what: str) -> None:
+    async with limited_world() as w, healthy_model_probe(w):
+        reader, writer = await asyncio.open_connection("127.0.0.1", w.served.url.split(":")[-1])
+        started = time.monotonic()
+        writer.write(b"POST /v2/models/llama/infer HTTP/1.1\r\nHost: llama.team-a.svc\r\n")
+        writer.write(headers + b"Content-Length: 0\r\n\r\n")
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        seconds = time.monotonic() - started
+        writer.close()
+    assert status_line.split()[1].startswith(b"4"), status_line
+    assert seconds < 1.0
+    record(
+        "inputs",
+        input=f"gateway: {what}",
+        limit="aiohttp's header limits: 8,190 bytes a line or field, 32,768 in all",
+        outcome=status_line.decode().strip(),
+        answered_seconds=round(seconds, 3),
+    )
