@@ -7,9 +7,10 @@
 - the phase (`modelswap_api.models.Phase`): what the control API and the ModelDeployment
   status report, with the state's name beside it.
 
-`residency_of` and `phase_of` read an engine state alone; `charged_residency` and
-`reported_state` put the agent's serving state over the engine's (a model the runtime does
-not serve has no engine state worth reading). Every caller maps through here.
+`residency_of` and `phase_of` read an engine state alone; `charged_residency`,
+`reported_state` and `answers_now` put the agent's serving state over the engine's (a model
+the runtime does not serve has no engine state worth reading). Every caller outside the
+engine maps through here.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ RESIDENCY: dict[EngineState, Residency] = {
     S.FAILED: Residency.SWAPPED_OUT,
     S.DELETING: Residency.SWAPPING_OUT,
 }
+
+#: Engine states in which a loaded model answers a request without a swap-in: RESIDENT, and
+#: LOADING after a swap-in of a dropped model (fresh memory mapped; the model reloads its
+#: weights from its source inside the request that follows, and commits).
+_ANSWERS = frozenset({S.RESIDENT, S.LOADING})
 
 #: Serving states that say more than the engine's state does: (state, phase) reported.
 _OWN: dict[Serving, tuple[str, Phase]] = {
@@ -111,3 +117,11 @@ def reported_state(
             return "swapped_out", "SwappedOut"
         return "loading", "Loading"
     return str(engine_state), phase_of(engine_state)
+
+
+def answers_now(serving: Serving, *, attaches: bool, engine_state: EngineState | None) -> bool:
+    """A request to the model is answered without a swap-in: the runtime serves it and,
+    for a model that maps memory through the client library, the engine holds it."""
+    if serving is not Serving.LOADED:
+        return False
+    return not attaches or engine_state in _ANSWERS

@@ -18,8 +18,8 @@ from tests.support.engine_procs import (
     memfd_fd_inodes,
     memfd_mappings,
     shm_procs,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 MIB = 1 << 20
 REGIONS = [["w", 6 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]

@@ -21,8 +21,8 @@ from tests.support.engine_procs import (
     memfd_mappings,
     open_files,
     shm_procs,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 MIB = 1 << 20
 REGIONS = [["w", 4 * MIB, "weights"], ["kv", 2 * MIB, "kv"]]

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.engine_procs import AgentProc, Procs, shm_procs, wait_for
+from tests.support.engine_procs import AgentProc, Procs, shm_procs
+from tests.support.waiting import wait_for
 
 MIB = 1 << 20
 

@@ -17,7 +17,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_smoke_operator import RESOURCE, SMOKE_NODE, SmokeRecord, register, settings
-from tests.support.kube_testing import REPO_ROOT, api_client, load_yaml, wait_for
+from tests.support.kube_testing import REPO_ROOT, api_client, load_yaml
+from tests.support.waiting import wait_for
 
 G, V, P = RESOURCE
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"

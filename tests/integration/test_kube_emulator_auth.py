@@ -26,7 +26,8 @@ from kubernetes.client.rest import ApiException
 from modelswap_operator.login import connection_info
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorProcess, EmulatorThread
-from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml, wait_for
+from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
+from tests.support.waiting import wait_for
 
 NS = "team-a"
 GROUP, VERSION = "modelswap.io", "v1alpha1"

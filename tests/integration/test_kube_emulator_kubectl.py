@@ -17,7 +17,8 @@ import yaml
 from kubernetes import client
 
 from tests.support.kube_emulator.hosting import EmulatorThread
-from tests.support.kube_testing import KUBECTL, REPO_ROOT, Kubectl, api_client, wait_for
+from tests.support.kube_testing import KUBECTL, REPO_ROOT, Kubectl, api_client
+from tests.support.waiting import wait_for
 
 INVALID = sorted((REPO_ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))

@@ -15,7 +15,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube_emulator.hosting import EmulatorThread
-from tests.support.kube_testing import EMULATOR_DATA, api_client, load_yaml, wait_for
+from tests.support.kube_testing import EMULATOR_DATA, api_client, load_yaml
+from tests.support.waiting import wait_for
 
 G, V, P = "example.com", "v1", "widgets"
 WIDGETS = f"/apis/{G}/{V}/namespaces/default/{P}"

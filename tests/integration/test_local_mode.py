@@ -13,11 +13,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import numpy as np
@@ -25,11 +24,11 @@ import pytest
 
 from examples.models.reference import mlp_checksum, mlp_forward, mlp_infer_body, mlp_input
 from tests.support.triton_server import tritonserver_binary
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "examples" / "models"
 MIB = 1 << 20
-T = TypeVar("T")
 
 CLASSIFY = """\
 apiVersion: modelswap.io/v1alpha1
@@ -58,17 +57,6 @@ spec:
   swapPolicy:
     idleAfter: five minutes
 """
-
-
-def wait_for(probe: Callable[[], T], *, timeout_seconds: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass

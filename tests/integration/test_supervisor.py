@@ -28,8 +28,8 @@ import pytest
 
 from modelswap_sidecar.supervisor.processes import group_members
 from modelswap_sidecar.triton.process import pick_ports, shm_regions
-from tests.support.engine_procs import wait_for
 from tests.support.supervisor_state import SupervisorHandle
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")

@@ -15,7 +15,6 @@ from modelswap_sidecar.triton.driver import ModelStatistics
 from modelswap_sidecar.triton.errors import ModelConfigInvalid, ModelLoadFailed
 from modelswap_sidecar.triton.process import shm_regions
 from modelswap_sidecar.triton.stubs import TritonVoucher, descendant_stub_pids
-from tests.support.engine_procs import wait_for
 from tests.support.triton_server import (
     RunningTriton,
     copy_model,
@@ -23,6 +22,7 @@ from tests.support.triton_server import (
     parameters_for,
     running_triton,
 )
+from tests.support.waiting import wait_for
 
 
 async def wait_for_statistics(triton: RunningTriton, uid: str, count: int) -> ModelStatistics:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from kubernetes import client, config
@@ -15,7 +13,6 @@ from kubernetes import client, config
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
 EMULATOR_DATA = REPO_ROOT / "tests" / "data" / "emulator"
-T = TypeVar("T")
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -28,18 +25,6 @@ def api_client(kubeconfig_path: Path) -> client.ApiClient:
         config_file=str(kubeconfig_path)
     )
     return made
-
-
-def wait_for(condition: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:
-    """Poll `condition` until it returns something truthy; fail after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
-        time.sleep(0.02)
 
 
 class Kubectl:

@@ -1,4 +1,10 @@
-"""Waiting on a condition with a deadline (never a bare sleep as synchronisation)."""
+"""Waiting on a condition with a deadline (never a bare sleep as synchronisation).
+
+- `wait_for(probe, timeout_seconds, what)`: from a thread (a plain test, a fixture);
+- `until(probe, what, timeout_seconds)`: from a coroutine, the probe run off the loop.
+
+Both poll until the probe answers something truthy, return that answer, and fail at the
+deadline naming `what`."""
 
 from __future__ import annotations
 
@@ -8,6 +14,24 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
+
+#: Between two looks of `wait_for`.
+POLL_SECONDS = 0.02
+
+
+def wait_for(
+    probe: Callable[[], T | None], timeout_seconds: float = 20.0, what: str = "condition"
+) -> T:
+    """Call `probe` until it answers something truthy (returned); fail at the deadline
+    naming `what`."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+        time.sleep(POLL_SECONDS)
 
 
 async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0) -> T:

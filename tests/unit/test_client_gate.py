@@ -11,7 +11,7 @@ import pytest
 from modelswap_api.wire import ErrorCode
 from modelswap_client._gate import ClientState, StateGate
 from modelswap_client.errors import ClientError
-from tests.support.engine_procs import wait_for
+from tests.support.waiting import wait_for
 
 S = ClientState
 DEADLINE_SECONDS = 10.0

@@ -8,6 +8,7 @@ import pytest
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import (
     Serving,
+    answers_now,
     charged_residency,
     phase_of,
     reported_state,
@@ -79,3 +80,22 @@ def test_the_reported_state_and_phase(
     serving: Serving, attaches: bool, engine: EngineState | None, expected: tuple[str, str]
 ) -> None:
     assert reported_state(serving, attaches=attaches, engine_state=engine) == expected
+
+
+@pytest.mark.parametrize(
+    ("serving", "attaches", "engine", "expected"),
+    [
+        (Serving.LOADED, True, S.RESIDENT, True),
+        (Serving.LOADED, True, S.LOADING, True),  # a dropped model's swap-in mapped memory
+        (Serving.LOADED, True, S.SWAPPED_OUT, False),
+        (Serving.LOADED, True, S.RESTORING, False),
+        (Serving.LOADED, True, None, False),
+        (Serving.LOADED, False, None, True),
+        (Serving.DROPPED, False, None, False),
+        (Serving.LOADING, True, S.RESIDENT, False),
+    ],
+)
+def test_what_answers_a_request_without_a_swap_in(
+    serving: Serving, attaches: bool, engine: EngineState | None, expected: bool
+) -> None:
+    assert answers_now(serving, attaches=attaches, engine_state=engine) is expected

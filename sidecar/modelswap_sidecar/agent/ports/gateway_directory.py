@@ -4,9 +4,10 @@ residency from the engine, swap-ins through the actuator, request times for the 
 - `lookup`/`routes`: every desired model the agent holds (not unloaded), under the name
   users call it (`spec.model.name`, else metadata.name) in its namespace; `decoupled` read
   once per model directory from its config.pbtxt (`model_transaction_policy`).
-- `is_resident`: Triton serves it and, for a model that maps memory through the client
-  library, the engine holds it RESIDENT (or LOADING once a dropped model's swap-in has
-  mapped fresh memory: the next request reloads its weights).
+- `is_resident`: a request is answered without a swap-in (`model_states.answers_now`):
+  Triton serves it and, for a model that maps memory through the client library, the
+  engine holds it RESIDENT (or LOADING once a dropped model's swap-in has mapped fresh
+  memory: the next request reloads its weights).
 - `ensure_resident`: waits for a model still loading, then `Actuator.swap_in` (policy
   admission, victims swapped out first, the engine's swap-in or a reload after a drop).
   The gateway calls it once per cold period; the actuator's per-model lock serialises it
@@ -27,11 +28,10 @@ from pathlib import Path
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.records import AgentModel
-from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import SwapInFailedError, UnknownModelError
 from modelswap_sidecar.gateway.routing import resolve
-from modelswap_sidecar.model_states import Serving
+from modelswap_sidecar.model_states import Serving, answers_now
 from modelswap_sidecar.triton.config import read_model_config
 from modelswap_sidecar.triton.errors import ModelConfigInvalid
 
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 #: is refused at once with the agent's reason.
 _WAITABLE = (Serving.LOADING,)
 _SWAPPABLE = (Serving.LOADED, Serving.DROPPED)
-#: Engine states in which a loaded model answers a request without a swap-in: RESIDENT, and
-#: LOADING after a swap-in of a dropped model (fresh memory mapped; the model reloads its
-#: weights from its source inside the request that follows, and commits).
-_SERVES = (EngineState.RESIDENT, EngineState.LOADING)
 
 
 def user_name(model: AgentModel) -> str:
@@ -127,9 +123,8 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None or model.serving is not Serving.LOADED:
             return False
-        if not model.attaches:
-            return True
-        return self.actuator.engine_state(model) in _SERVES
+        state = self.actuator.engine_state(model) if model.attaches else None
+        return answers_now(model.serving, attaches=model.attaches, engine_state=state)
 
     def swap_state(self, uid: str) -> str:
         model = self.actuator.records.get(uid)
