@@ -100,5 +100,6 @@ RELIABILITY_TESTS = $(wildcard tests/*/test_reliability_*.py)
 reliability: setup ## the reliability suite (faults, load, inputs, access) with its figures recorded; writes bench/results/<machine>/reliability, docs/RELIABILITY.md
 	$(BIN)/python -m bench.render_reliability start
 	MODELSWAP_RELIABILITY_OUT=$$($(BIN)/python -m bench.render_reliability folder) \
-		$(PYTEST) --durations=10 $(RELIABILITY_TESTS); status=$$?; \
+		$(PYTEST) --durations=10 --continue-on-collection-errors $(RELIABILITY_TESTS); status=$$?; \
+		$(BIN)/python -m bench.render_reliability finish $$status; \
 		$(BIN)/python -m bench.render_reliability render; exit $$status

@@ -2,6 +2,7 @@
 
     python -m bench.render_reliability start    # empty this machine's results folder, note the run
     python -m bench.render_reliability folder   # print that folder (for MODELSWAP_RELIABILITY_OUT)
+    python -m bench.render_reliability finish N # note pytest's exit status N in the run
     python -m bench.render_reliability render   # write docs/RELIABILITY.md
 
 The tests append one JSON line per thing tried to `<section>.jsonl` in
@@ -72,6 +73,15 @@ def _git_commit() -> str:
         return ""
 
 
+def finish(folder: Path, exit_status: int) -> None:
+    """Note how the suite's pytest run ended (0: every test passed or failed as marked)."""
+    path = folder / RUN_FILE
+    run = json.loads(path.read_text())
+    run["pytest_exit_status"] = exit_status
+    run["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path.write_text(json.dumps(run, indent=2) + "\n")
+
+
 # -- reading ----------------------------------------------------------------------------------
 
 
@@ -119,6 +129,7 @@ def render(run: dict[str, Any], sections: dict[str, list[dict[str, Any]]], limit
         f"{m.get('gpu', '?')}; kernel {m.get('kernel', '?')}, Python {m.get('python', '?')})",
         f"- commit `{run.get('git_commit', '')[:12]}`, recorded {run.get('recorded_at', '?')}, "
         f"load average at the start {run.get('load_average_start', [])}",
+        f"- {_ending(run)}",
         "",
     ]
     out += _lost(sections)
@@ -134,6 +145,14 @@ def render(run: dict[str, Any], sections: dict[str, list[dict[str, Any]]], limit
     for name in sorted(set(sections) - set(KNOWN)):
         out += _generic(name.capitalize(), sections[name], "")
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _ending(run: dict[str, Any]) -> str:
+    status = run.get("pytest_exit_status")
+    if status is None:
+        return "the suite's end was not recorded"
+    said = "every test passed (or failed as marked xfail)" if status == 0 else "some tests failed"
+    return f"finished {run.get('finished_at', '?')}: pytest exit status {status}, {said}"
 
 
 def _lost(sections: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -271,6 +290,8 @@ def main(argv: Sequence[str]) -> int:
         start(this_machine_folder())
     elif command == "folder":
         print(this_machine_folder())
+    elif command == "finish" and len(argv) == 2:
+        finish(this_machine_folder(), int(argv[1]))
     elif command == "render":
         OUT.write_text(render_committed())
         print(f"wrote {OUT.relative_to(ROOT)}")

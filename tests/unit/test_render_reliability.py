@@ -76,6 +76,9 @@ def test_the_limits_block_is_kept_verbatim_and_every_section_rendered() -> None:
     assert "| 3/3 | 100 | 40 | 20 |" in doc
     assert "a \\| pipe" in doc  # a cell cannot break its table
     assert "token missing" in doc and "make reliability" in doc
+    assert "the suite's end was not recorded" in doc
+    ended = render({**RUN, "pytest_exit_status": 1, "finished_at": "x"}, sections, LIMITS)
+    assert "pytest exit status 1, some tests failed" in ended
     assert doc.index("## Input limits") < doc.index("## Access checks")
 
     lost = {**sections, "faults": [{**sections["faults"][0], "lost_bytes": 4096, "wrong": 2}]}
