@@ -19,6 +19,9 @@ setup: $(STAMP) ## create .venv (and .venv-triton, kubectl, helm) with everythin
 	@# The stamp cannot see tools installed outside .venv being removed: check them too.
 	@test -x .venv-triton/bin/tritonserver -a -x $(BIN)/kubectl -a -x $(BIN)/helm || \
 		{ rm -f $(STAMP); $(MAKE) --no-print-directory $(STAMP); }
+	@# An editable install made from another checkout (a git worktree) imports that one's code.
+	@$(BIN)/python -c 'import sys, modelswap_sidecar as m; sys.exit(not m.__file__.startswith("$(CURDIR)/"))' 2>/dev/null || \
+		{ rm -f $(STAMP); $(MAKE) --no-print-directory $(STAMP); }
 
 $(STAMP): pyproject.toml tools/setup.sh tools/install_kube_tools.py tools/install_triton.py
 	bash tools/setup.sh "$(PYTHON)" "$(VENV)"

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ from modelswap_operator.leadership import (
     unique_identity,
 )
 from tests.support.kube_emulator.hosting import EmulatorThread
+from tests.support.waiting import until_async
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -75,17 +76,6 @@ def elector(api: Any, pod: str, lease_seconds: int = LEASE_SECONDS) -> LeaderEle
                          renew_interval_seconds=RENEW_SECONDS)  # fmt: skip
 
 
-async def until(probe: Callable[[], Awaitable[T | None]], timeout_seconds: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def read(api: Any) -> dict[str, Any]:
     lease = await asyncio.to_thread(kube.read_lease, api, NAMESPACE, LEASE)
     assert lease is not None
@@ -121,7 +111,7 @@ async def test_exactly_one_of_two_leads_and_keeps_renewing(
         assert spec["holderIdentity"] == leader.identity
         return parse_micro_time(spec["renewTime"]) - first_renewal > 3 * LEASE_SECONDS
 
-    await until(renewed_for_three_durations, 10, "three lease durations of renewals")
+    await until_async(renewed_for_three_durations, "three lease durations of renewals", 10)
     assert not other.leading and other.term is None
     assert not next(t for t in acquiring if t is not won).done()
     assert (await read(api))["spec"]["leaseTransitions"] == 0
@@ -135,7 +125,7 @@ async def test_a_stopped_leader_is_replaced_after_the_lease_expires_in_the_next_
     assert await a.acquire() == 0
     holding = asyncio.create_task(a.hold())
     tasks.append(holding)
-    await until(lambda: _renewed_by(api, a.identity), 5, "a renewal by the leader")
+    await until_async(lambda: _renewed_by(api, a.identity), "a renewal by the leader", 5)
     acquiring = asyncio.create_task(b.acquire())
     tasks.append(acquiring)
 
@@ -163,7 +153,7 @@ async def test_a_released_lease_is_taken_over_at_once(
     tasks.append(holding)
     acquiring = asyncio.create_task(b.acquire())
     tasks.append(acquiring)
-    await until(lambda: _renewed_by(api, a.identity), 5, "a renewal by the leader")
+    await until_async(lambda: _renewed_by(api, a.identity), "a renewal by the leader", 5)
     assert not acquiring.done()
 
     holding.cancel()
@@ -233,7 +223,7 @@ async def test_lead_runs_the_work_while_leading_and_cancels_it_when_lost(
 
     leading = asyncio.create_task(a.lead(work))
     tasks.append(leading)
-    await until(lambda: _async(bool(terms)), 5, "the work to start")
+    await until_async(lambda: _async(bool(terms)), "the work to start", 5)
     assert terms == [0]
 
     api = clients()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -158,12 +157,3 @@ async def served_gateway(
         yield ServedGateway(f"http://127.0.0.1:{bound_port(runner)}", app, registry)
     finally:
         await runner.cleanup()
-
-
-async def until(predicate: Callable[[], object], what: str, timeout_seconds: float = 20.0) -> None:
-    """Wait for a condition with a deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)

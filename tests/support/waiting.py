@@ -1,7 +1,10 @@
 """Waiting on a condition with a deadline (never a bare sleep as synchronisation).
 
 - `wait_for(probe, timeout_seconds, what)`: from a thread (a plain test, a fixture);
-- `until(probe, what, timeout_seconds)`: from a coroutine, the probe run off the loop.
+- `until(probe, what, timeout_seconds)`: from a coroutine, a blocking probe run off the loop;
+- `until_on_loop(probe, what, timeout_seconds)`: from a coroutine, a quick probe of state the
+  loop itself changes, called on the loop between yields;
+- `until_async(probe, what, timeout_seconds)`: from a coroutine, a probe that is a coroutine.
 
 Both poll until the probe answers something truthy, return that answer, and fail at the
 deadline naming `what`."""
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -45,3 +48,25 @@ async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0
             return cast(T, last)
         await asyncio.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+async def until_on_loop(probe: Callable[[], T], what: str, timeout_seconds: float = 20.0) -> T:
+    """Call `probe` on the loop, yielding between looks, until it answers something truthy."""
+    deadline = time.monotonic() + timeout_seconds
+    while not (found := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+        await asyncio.sleep(0.005)
+    return found
+
+
+async def until_async(
+    probe: Callable[[], Awaitable[T]], what: str, timeout_seconds: float = 20.0
+) -> T:
+    """Await `probe()` until it answers something truthy."""
+    deadline = time.monotonic() + timeout_seconds
+    while not (found := await probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return found

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -28,6 +27,7 @@ from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.revisions import RevisionStore
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.waiting import until_on_loop
 
 GiB = 1 << 30
 #: Kubernetes UIDs (the control API takes nothing else), named for the models they stand for.
@@ -500,15 +500,6 @@ async def test_a_failed_unload_is_retried_and_a_broken_backend_is_a_500(node: No
         assert (status, body["reason"]) == (500, "InternalError")
 
 
-async def _wait_for(condition: Any, deadline_seconds: float = 10.0) -> None:
-    """Yield to the loop until `condition()` holds; fail after the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_seconds
-    while not condition():
-        assert loop.time() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.asyncio
 async def test_the_served_app_unloads_on_its_own_timer(tmp_path: Path) -> None:
     node = Node(tmp_path)
@@ -525,7 +516,7 @@ async def test_the_served_app_unloads_on_its_own_timer(tmp_path: Path) -> None:
                 async with session.put(url, json=body) as response:
                     assert response.status == 200
         node.clock.now += GRACE
-        await _wait_for(lambda: node.backend.unloaded == [A])
+        await until_on_loop(lambda: node.backend.unloaded == [A], "the app to unload A", 10.0)
     finally:
         await runner.cleanup()
 

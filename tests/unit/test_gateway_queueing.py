@@ -14,7 +14,8 @@ from modelswap_sidecar.gateway.errors import (
     UnknownModelError,
 )
 from modelswap_sidecar.gateway.queueing import SwapInQueues, Ticket
-from tests.support.gateway_fakes import FakeDirectory, refuse, route, until
+from tests.support.gateway_fakes import FakeDirectory, refuse, route
+from tests.support.waiting import until_on_loop
 
 
 class Recorder:
@@ -71,7 +72,7 @@ async def test_one_swap_in_and_release_in_arrival_order() -> None:
         order.append(index)
 
     tasks = [asyncio.create_task(one(i)) for i in range(20)]
-    await until(lambda: queues.depth(model.uid) == 20, "20 queued")
+    await until_on_loop(lambda: queues.depth(model.uid) == 20, "20 queued")
     assert directory.swap_ins[model.uid] == 1 and queues.swap_in_running(model.uid)
     directory.release(model.uid)
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
@@ -118,7 +119,9 @@ async def test_a_full_queue_refuses_and_zero_still_starts_the_swap_in() -> None:
     directory.table.replace([model, never])
     with pytest.raises(QueueFullError):
         queues.enter(never)
-    await until(lambda: directory.completed[never.uid] == 1, "the swap-in of a maxQueued=0 model")
+    await until_on_loop(
+        lambda: directory.completed[never.uid] == 1, "the swap-in of a maxQueued=0 model"
+    )
     assert queues.enter(never) is None
 
 
@@ -136,7 +139,7 @@ async def test_a_timed_out_waiter_leaves_and_the_swap_in_goes_on() -> None:
     assert queues.depth(model.uid) == 0 and queues.swap_in_running(model.uid)
     assert recorder.refusals == ["QueueTimeout"] and recorder.waits == ["timeout"]
     directory.release(model.uid)
-    await until(lambda: directory.completed[model.uid] == 1, "the swap-in to complete")
+    await until_on_loop(lambda: directory.completed[model.uid] == 1, "the swap-in to complete")
     assert queues.enter(model) is None and directory.swap_ins[model.uid] == 1
 
 

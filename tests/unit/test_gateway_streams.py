@@ -11,8 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import route, until
+from tests.support.gateway_fakes import route
 from tests.support.gateway_world import GatewayWorld, gateway_world
+from tests.support.waiting import until_on_loop
 
 CHAT_A = route("chat", "team-a", decoupled=True)
 CHAT_B = route("chat", "team-b", decoupled=True)
@@ -223,11 +224,11 @@ async def test_a_client_that_leaves_while_queued_frees_its_place() -> None:
             client = await raw_request(
                 w.served.url, "/ns/team-a/v2/models/bert/infer", infer, progress
             )
-            await until(lambda: gateway.queues.depth(BERT.uid) == 1, "one queued")
+            await until_on_loop(lambda: gateway.queues.depth(BERT.uid) == 1, "one queued")
             client.close()  # the client goes away
             await client.wait_closed()
-            await until(lambda: gateway.queues.depth(BERT.uid) == 0, "the queue to empty")
-            await until(
+            await until_on_loop(lambda: gateway.queues.depth(BERT.uid) == 0, "the queue to empty")
+            await until_on_loop(
                 lambda: w.served.metric("modelswap_gateway_in_flight_requests") == 0,
                 "no request in flight",
             )
@@ -242,8 +243,8 @@ async def test_a_client_that_leaves_while_queued_frees_its_place() -> None:
         # The swap-in was not cancelled with them: it completes, once.
         assert gateway.queues.swap_in_running(BERT.uid)
         w.directory.release(BERT.uid)
-        await until(lambda: w.directory.completed[BERT.uid] == 1, "the swap-in to complete")
-        await until(lambda: gateway.queues.depths() == [], "the queue to go")
+        await until_on_loop(lambda: w.directory.completed[BERT.uid] == 1, "the swap-in to complete")
+        await until_on_loop(lambda: gateway.queues.depths() == [], "the queue to go")
         assert w.directory.swap_ins[BERT.uid] == 1
         leftover = [t for t in asyncio.all_tasks() if "gateway" in t.get_name()]
         assert leftover == []

@@ -12,8 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import FakeDirectory, route, served_gateway, until
+from tests.support.gateway_fakes import FakeDirectory, route, served_gateway
 from tests.support.gateway_world import GatewayWorld, gateway_world
+from tests.support.waiting import until_on_loop
 
 LLAMA_A = route("llama", "team-a")
 LLAMA_B = route("llama", "team-b")
@@ -124,7 +125,7 @@ async def test_a_request_for_a_swapped_out_model_swaps_it_in_once() -> None:
             return await w.post("/ns/team-a/v2/models/bert/infer", infer_body([i]))
 
         tasks = [asyncio.create_task(one(i)) for i in range(30)]
-        await until(lambda: w.served.gateway.queues.depth(BERT.uid) == 30, "30 queued")
+        await until_on_loop(lambda: w.served.gateway.queues.depth(BERT.uid) == 30, "30 queued")
         labels = {"uid": BERT.uid, "namespace": "team-a", "model": "bert"}
         assert w.served.metric("modelswap_gateway_queue_depth_requests", **labels) == 30
         w.directory.release(BERT.uid)
@@ -156,7 +157,7 @@ async def test_queue_full_timeout_and_failure_answers_carry_retry_after() -> Non
         assert status == 503 and body["reason"] == "QueueTimeout" and headers["Retry-After"] == "1"
         w.directory.hold(BERT.uid)
         first = asyncio.create_task(w.post("/ns/team-a/v2/models/bert/infer", infer_body([1])))
-        await until(lambda: w.served.gateway.queues.depth(BERT.uid) == 1, "one queued")
+        await until_on_loop(lambda: w.served.gateway.queues.depth(BERT.uid) == 1, "one queued")
         bert = route("bert", "team-a", uid=BERT.uid, max_queued=1)
         w.directory.table.replace([LLAMA_A, LLAMA_B, bert, CHAT, small])
         status, body, headers = await w.post("/ns/team-a/v2/models/bert/infer", infer_body([1]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from modelswap_operator.metrics import OperatorMetrics
 from modelswap_operator.reconciler import Reconciler
 from modelswap_operator.settings import TOKEN_KEY, OperatorSettings
 from modelswap_operator.tokens import TokenSource
+from tests.support.waiting import until_on_loop
 
 pytestmark = pytest.mark.asyncio
 GIB = 1 << 30
@@ -119,15 +119,6 @@ class FakeAgents:
         return self.agents.setdefault(address.node, FakeAgent(self.refuse))
 
 
-async def until(probe: Callable[[], Any], what: str, timeout_seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_seconds
-    while not (found := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return found
-
-
 def reconciler_over(kube: FakeKube, agents: FakeAgents, cache: Cache) -> Reconciler:
     settings = OperatorSettings(batch_seconds=0.2, tick_seconds=1.0, grace_seconds=90)
     return Reconciler(
@@ -145,7 +136,7 @@ async def test_a_burst_of_models_costs_a_few_plans_and_each_node_gets_its_full_s
     metrics = reconciler.metrics
     loop = asyncio.create_task(reconciler.run())
     try:
-        await until(lambda: reconciler.ready, "the loop's caches")
+        await until_on_loop(lambda: reconciler.ready, "the loop's caches")
         for index in range(MODELS):  # arriving as watch events do, a few per loop pass
             cache.put_deployment(deployment(index))
             if index % 20 == 0:
@@ -156,7 +147,7 @@ async def test_a_burst_of_models_costs_a_few_plans_and_each_node_gets_its_full_s
                 s.get("node") for s in kube.statuses.values()
             )
 
-        await until(placed, "every model placed")
+        await until_on_loop(placed, "every model placed")
         plans = metrics.registry.get_sample_value("modelswap_operator_plan_duration_seconds_count")
         assert plans is not None and plans <= 10, plans
 
@@ -174,7 +165,7 @@ async def test_a_burst_of_models_costs_a_few_plans_and_each_node_gets_its_full_s
         # Nothing changed: more turns, no status write.
         writes = sum(kube.status_writes.values())
         turns = metrics.registry.get_sample_value("modelswap_operator_reconcile_turns_total") or 0
-        await until(
+        await until_on_loop(
             lambda: (metrics.registry.get_sample_value("modelswap_operator_reconcile_turns_total")
                      or 0) >= turns + 2,
             "two more turns",
@@ -206,7 +197,7 @@ async def test_refused_and_unreadable_models_are_reported_on_their_objects_only(
                     return str(condition["reason"])
             return None
 
-        await until(lambda: loaded_reason("m1") == "RefusedByAgent", "m1 refused")
+        await until_on_loop(lambda: loaded_reason("m1") == "RefusedByAgent", "m1 refused")
         condition = next(c for c in kube.statuses["m1"]["conditions"] if c["type"] == "Loaded")
         assert condition["message"].startswith("spec.model.weightsBytes")
         pushed = {e.name for e in agents.agents["node-00"].sets[-1].entries}
