@@ -3,8 +3,12 @@ agent's serving state over them (`modelswap_sidecar.model_states`)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from modelswap_sidecar import model_states
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import (
     Serving,
@@ -99,3 +103,18 @@ def test_what_answers_a_request_without_a_swap_in(
     serving: Serving, attaches: bool, engine: EngineState | None, expected: bool
 ) -> None:
     assert answers_now(serving, attaches=attaches, engine_state=engine) is expected
+
+
+def test_nothing_outside_the_engine_reads_its_phase_table() -> None:
+    """Every caller outside the engine maps states through `model_states` (one mapping)."""
+    root = Path(model_states.__file__).parent
+    callers = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "engine" not in path.relative_to(root).parts[:1]
+        and path.name != "model_states.py"
+        and re.search(
+            r"engine\.states import[^\n]*\bphase_of\b|engine_states\.phase_of", path.read_text()
+        )
+    ]
+    assert callers == []

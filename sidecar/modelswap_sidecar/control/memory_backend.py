@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from modelswap_api.control import (
     ActionResult,
@@ -20,9 +19,10 @@ from modelswap_api.control import (
     NodeInfo,
     Outcome,
 )
-from modelswap_api.models import GpuStatus, Link, Phase
+from modelswap_api.models import GpuStatus, Link
 from modelswap_sidecar.control.errors import UnknownModelError
-from modelswap_sidecar.engine.states import EngineState, phase_of
+from modelswap_sidecar.engine.states import EngineState
+from modelswap_sidecar.model_states import phase_of
 
 
 @dataclass
@@ -119,7 +119,7 @@ class InMemoryBackend:
                 name=r.entry.name,
                 generation=r.entry.generation,
                 state=r.state.value,
-                phase=cast(Phase, phase_of(r.state).phase),
+                phase=phase_of(r.state),
                 gpu=r.gpu,
                 resident_bytes=r.hbm_bytes if r.state is EngineState.RESIDENT else 0,
                 host_bytes=r.host_bytes,
