@@ -69,7 +69,7 @@ class Planned:
     resident_before: frozenset[int]  # after the swap-outs by hand
     swap_ins: frozenset[int]
     resident_after: frozenset[int]
-    evicting: int  # swap-ins that each need a victim (the GPU is full)
+    evicting: int  # how many of the swap-ins need a victim (the GPU is full)
 
 
 PHASES = (
@@ -242,15 +242,15 @@ async def test_phased_bursts_swap_in_as_planned_with_every_answer_right(tmp_path
             assert outcomes.requests == CLIENTS * REQUESTS_PER_CLIENT
             assert outcomes.ok > 0
             resident = await resident_uids(control)
-            if planned.evicting < 2:
+            if not (planned.evicting and len(planned.swap_ins) > 1):
                 assert seen == set(planned.swap_ins), (phase.name, seen)
                 assert swap_ins_seen == len(planned.swap_ins), (phase.name, swap_ins_seen)
                 assert resident == {uids[i] for i in planned.resident_after}
             else:
-                # New in this suite (reported on issue 12): when two or more cold models
-                # each need a victim at once, one swap-in is refused (its queue answered
-                # 503 SwapInFailed, the next request swaps it in) or stalls past the
-                # queue timeout (503 QueueTimeout). Held here: never a swap-in more than
+                # New in this suite (reported on issue 12): when cold models swap in at
+                # once and one of them needs a victim, a swap-in may be refused (its
+                # queue answered 503 SwapInFailed; the next request swaps it in) or stall
+                # past the queue timeout (503 QueueTimeout). Held here: never a swap-in more than
                 # planned, never one of a model the phase did not call, nothing resident
                 # but what the phase called or found, every refusal with Retry-After.
                 assert seen <= set(planned.swap_ins), (phase.name, seen)
