@@ -183,9 +183,12 @@ def _faults(rows: Sequence[dict[str, Any]]) -> list[str]:
     out = [
         "## Faults",
         "",
-        "kill -9 at moments the tests do not choose (a seeded `random.Random`), with clients "
-        "sending to every model throughout; recovery is from the kill until every model "
-        "answers correctly again.",
+        "On the node, kill -9 at moments the tests do not choose (a seeded `random.Random`) "
+        "while clients call every model through the gateway: recovery is from the kill until "
+        "every model answers correctly again, and lost bytes compare each model's reported "
+        "HBM and host-store bytes with its size. For the operator, recovery is until every "
+        "model is Ready and served by exactly one node. Outcome names every answer that was "
+        "not a correct 200 (refusals, no gateway, known findings).",
         "",
         "| fault | moment | outcome | recovery (s) | answers checked | wrong | lost bytes |",
         "|---|---|---|---:|---:|---:|---:|",
