@@ -6,8 +6,10 @@ chunks of `pool_chunk_bytes` whose pages are already allocated AND zeroed, so a 
 chunk (shrunk with `ftruncate` for a smaller request) or, when the pool is behind, makes
 one synchronously. `release` closes the memfd for good and the refill thread creates a
 fresh one: an inode is never handed to a second model. Invariant per GPU, checked by
-`memory_info` and the tests: used bytes + pooled bytes <= capacity, except after readopt
-overcommits (the memory exists; `free_bytes` is then 0).
+`memory_info` and the tests: used bytes + pooled bytes + the chunk the refill thread is
+populating (its room is reserved before it starts) <= capacity, except after readopt
+overcommits (the memory exists; `free_bytes` is then 0; a chunk being populated then is
+closed when it is done, not pooled).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class _Gpu:
         self.ordinal = ordinal
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
+        #: the chunk the refill thread is populating (0 or `pool_chunk_bytes`): the process
+        #: holds its memfd already, so it counts against capacity like a pooled one
+        self.populating_bytes = 0
         self.pool: collections.deque[int] = collections.deque()
         self.chunks: dict[ChunkId, tuple[int, Chunk]] = {}
         self.stopped = False
@@ -128,37 +133,47 @@ class SimAllocator(Allocator):
     def _pooled_bytes(self, gpu: _Gpu) -> int:
         return len(gpu.pool) * self.pool_chunk_bytes
 
+    def _held_bytes(self, gpu: _Gpu) -> int:
+        """Every chunk byte the process holds: used, pooled and being populated."""
+        return gpu.used_bytes + self._pooled_bytes(gpu) + gpu.populating_bytes
+
     def _refill(self, gpu: _Gpu) -> None:
         while True:
             with self._lock:
                 while not self._closed and (
-                    gpu.used_bytes + self._pooled_bytes(gpu) + self.pool_chunk_bytes
-                    > gpu.capacity_bytes
+                    self._held_bytes(gpu) + self.pool_chunk_bytes > gpu.capacity_bytes
                 ):
                     self._lock.wait()
                 if self._closed:
                     return
+                gpu.populating_bytes = self.pool_chunk_bytes  # its room, reserved
             try:
                 fd = _new_chunk_fd(gpu.ordinal, self.pool_chunk_bytes)
             except OSError as e:  # host memory short: try again after the next release
                 log.warning("sim GPU %d: cannot populate a pool chunk: %s", gpu.ordinal, e)
                 with self._lock:
+                    gpu.populating_bytes = 0
+                    self._lock.notify_all()
                     self._lock.wait(timeout=1.0)
                 continue
             with self._lock:
-                room = gpu.capacity_bytes - gpu.used_bytes - self._pooled_bytes(gpu)
-                if self._closed or room < self.pool_chunk_bytes:
-                    os.close(fd)  # capacity was taken while we populated
+                gpu.populating_bytes = 0
+                if self._closed or self._held_bytes(gpu) + self.pool_chunk_bytes > (
+                    gpu.capacity_bytes
+                ):
+                    os.close(fd)  # a readopt or a create took the room while we populated
                 else:
                     gpu.pool.append(fd)
-                    self._lock.notify_all()
+                self._lock.notify_all()
 
     def wait_pool_full(self, timeout_seconds: float = 30.0) -> bool:
-        """Block until every GPU's pool holds all the chunks its free capacity allows."""
+        """Block until every GPU's pool holds all the chunks its free capacity allows and no
+        chunk is being populated (so the memfds the process holds are used + pooled)."""
         with self._lock:
             return self._lock.wait_for(
                 lambda: all(
-                    g.used_bytes + self._pooled_bytes(g) + self.pool_chunk_bytes > g.capacity_bytes
+                    g.populating_bytes == 0
+                    and self._held_bytes(g) + self.pool_chunk_bytes > g.capacity_bytes
                     for g in self._gpus
                 ),
                 timeout_seconds,
@@ -198,10 +213,8 @@ class SimAllocator(Allocator):
             if size_bytes <= self.pool_chunk_bytes and gpu.pool:
                 fd = gpu.pool.popleft()
             else:
-                # make room: pooled chunks count against capacity too
-                while gpu.pool and (
-                    gpu.used_bytes + self._pooled_bytes(gpu) + size_bytes > gpu.capacity_bytes
-                ):
+                # make room: pooled chunks (and one being populated) count against capacity
+                while gpu.pool and self._held_bytes(gpu) + size_bytes > gpu.capacity_bytes:
                     os.close(gpu.pool.pop())
             gpu.used_bytes += size_bytes  # charged now, so concurrent creates see it
             chunk = Chunk(ChunkId(next(self._ids)), location, size_bytes)
@@ -254,7 +267,7 @@ class SimAllocator(Allocator):
         kept = os.dup(fd)
         with self._lock:
             gpu.used_bytes += size_bytes
-            while gpu.pool and gpu.used_bytes + self._pooled_bytes(gpu) > gpu.capacity_bytes:
+            while gpu.pool and self._held_bytes(gpu) > gpu.capacity_bytes:
                 os.close(gpu.pool.pop())
             chunk = Chunk(ChunkId(next(self._ids)), location, size_bytes)
             gpu.chunks[chunk.chunk_id] = (kept, chunk)
