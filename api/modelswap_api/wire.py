@@ -91,6 +91,7 @@ class ErrorCode(StrEnum):
     WRONG_STATE = "WrongState"
     MODEL_FAILED = "ModelFailed"
     REMOVED = "Removed"
+    BUSY = "Busy"  # a connection's requests past its limit of waiting ones
 
 
 class Op(StrEnum):
@@ -377,6 +378,16 @@ class ConnectionLost(Exception):  # noqa: N818 - reads as the event
 RequestHandler = Callable[["Peer", Message], "Message | None"]
 
 
+@dataclass(frozen=True, slots=True)
+class PeerLimits:
+    """What one connection may make its receiving side do (see `Peer`); `names` are the
+    settings behind the two limits, as a refusal names them."""
+
+    max_handlers: int
+    max_waiting: int
+    names: tuple[str, str] = ("max_handlers", "max_waiting")
+
+
 class PendingReply:
     """A request in flight; `wait` returns its reply (whose fds the caller then owns)."""
 
@@ -406,12 +417,18 @@ class PendingReply:
 class Peer:
     """Requests and replies over a `Channel`, both ways, with one reader thread.
 
-    Incoming requests run `handler` each on a thread of its own while it runs (a request
-    may wait on the requests it sends back); its returned message is sent as the reply
-    (and the reply's fds closed after sending), an exception becomes an `Internal` error
-    reply. `on_close` runs once when the stream ends. Handler threads are kept and reused
-    once idle: starting a thread per request cost a swap-in's round trips ~0.2 ms each,
-    more while another thread's `MAP_POPULATE` holds the mmap lock the new stack needs.
+    Incoming requests run `handler` on handler threads (a request may wait on the
+    requests it sends back; their replies are read by the reader thread, never behind a
+    handler); its returned message is sent as the reply (and the reply's fds closed after
+    sending), an exception becomes an `Internal` error reply. `on_close` runs once when the
+    stream ends. Handler threads are kept and reused once idle: starting a thread per
+    request cost a swap-in's round trips ~0.2 ms each, more while another thread's
+    `MAP_POPULATE` holds the mmap lock the new stack needs.
+
+    `limits` bounds what one connection can make this side do (the agent passes them; a
+    client trusts its agent and passes none): at most `max_handlers` handler threads, and
+    at most `max_waiting` requests waiting for one; a request past that is answered `Busy`
+    by the reader at once, naming the limit.
     """
 
     def __init__(
@@ -420,20 +437,25 @@ class Peer:
         handler: RequestHandler,
         on_close: Callable[[Peer], None] | None = None,
         name: str = "peer",
+        limits: PeerLimits | None = None,
     ) -> None:
         self.channel = Channel(sock)
         self.name = name
         self._handler = handler
         self._on_close = on_close
+        self._limits = limits
         self._pending: dict[int, PendingReply] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
-        # requests waiting for a handler thread; every queued request is owed either an
-        # idle worker (counted in `_idle`) or a new one, so none waits behind a busy one
+        # requests for a handler thread; every queued request is owed either an idle worker
+        # (counted in `_idle`), a new one, or (at `max_handlers`) the next worker to finish
+        # (counted in `_waiting`); `_idle` and `_waiting` are never both above zero
         self._work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._idle = 0
         self._workers = 0
+        self._waiting = 0
+        self._refused = 0
 
     @property
     def closed(self) -> bool:
@@ -517,15 +539,41 @@ class Peer:
             self.close()
 
     def _dispatch(self, message: Message) -> None:
+        limits = self._limits
         with self._lock:
-            spawn = self._idle == 0
-            if spawn:
-                self._workers += 1
-            else:
+            spawn = refuse = False
+            if self._idle > 0:
                 self._idle -= 1
-        self._work.put(message)
+            elif limits is None or self._workers < limits.max_handlers:
+                spawn = True
+                self._workers += 1
+            elif self._waiting < limits.max_waiting:
+                self._waiting += 1
+            else:
+                refuse = True
+                self._refused += 1
+            if not refuse:  # queued under the lock, so `close` finds every waiting one
+                self._work.put(message)
+        if refuse:
+            assert limits is not None
+            self._refuse(message, limits)
+            return
         if spawn:
             threading.Thread(target=self._worker, name=f"{self.name}-handler", daemon=True).start()
+
+    def _refuse(self, message: Message, limits: PeerLimits) -> None:
+        """Answer `Busy` from the reader: the connection already has `max_handlers`
+        requests handled and `max_waiting` more waiting."""
+        message.close_fds()
+        handlers, waiting = limits.names
+        why = (
+            f"{limits.max_handlers} requests handled and {limits.max_waiting} waiting on this "
+            f"connection ({handlers}={limits.max_handlers}, {waiting}={limits.max_waiting})"
+        )
+        if self._refused == 1:  # once per connection: a flood must not flood the log too
+            _log.warning("%s: refusing requests: %s", self.name, why)
+        with contextlib.suppress(OSError, ProtocolError):
+            self.channel.send(error_reply(message, message.epoch, ErrorCode.BUSY, why))
 
     def _worker(self) -> None:
         while True:
@@ -537,7 +585,10 @@ class Peer:
                 if self._closed:
                     self._workers -= 1
                     return
-                self._idle += 1
+                if self._waiting > 0:  # a queued request is this worker's: take it
+                    self._waiting -= 1
+                else:
+                    self._idle += 1
 
     def _serve(self, message: Message) -> None:
         try:
@@ -566,6 +617,12 @@ class Peer:
             self._pending.clear()
             idle, self._idle = self._idle, 0
             self._workers -= idle
+            waiting, self._waiting = self._waiting, 0
+        for _ in range(waiting):  # queued with no worker owed (so no idle one takes them)
+            with contextlib.suppress(queue.Empty):
+                queued = self._work.get_nowait()
+                if queued is not None:
+                    queued.close_fds()
         for _ in range(idle):  # busy workers see `_closed` when they finish
             self._work.put(None)
         self.channel.close()

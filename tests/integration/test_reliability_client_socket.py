@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import array
 import contextlib
+import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -35,8 +37,8 @@ def procs() -> Iterator[Procs]:
         yield p
 
 
-def healthy(procs: Procs) -> tuple[AgentProc, ClientProc, str]:
-    agent = procs.agent(["64M"], ["m:0"])
+def healthy(procs: Procs, extra: list[str] | None = None) -> tuple[AgentProc, ClientProc, str]:
+    agent = procs.agent(["64M"], ["m:0"], extra)
     client = procs.client(agent, "m")
     client.ok(cmd="attach", model="m", socket=agent.socket, regions=REGIONS)
     digest = str(client.ok(cmd="fill", tag="w", seed=7)["sha256"])
@@ -150,12 +152,6 @@ def test_fds_nobody_asked_for_are_closed_by_the_agent(procs: Procs) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12, finding 6: the engine's socket server (engine/server.py) starts one "
-    "thread per connection with no cap and keeps connections that never register; the "
-    "engine is being rewritten elsewhere",
-)
 def test_a_flood_of_unregistered_connections_leaves_the_registered_client_served(
     procs: Procs,
 ) -> None:
@@ -195,4 +191,114 @@ def test_a_flood_of_unregistered_connections_leaves_the_registered_client_served
         outcome=f"peak {peak} agent threads (from {threads_before}); {refused} refused; "
         f"the healthy model swapped out and in ({swap_seconds:.3f} s)",
         answered_seconds=round(swap_seconds, 3),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "opened", "limit"),
+    [
+        pytest.param(["--max-connections-per-process", "3"], 3, "per process", id="per-process"),
+        # the registered client holds one of the three
+        pytest.param(["--max-connections", "3"], 2, "in all", id="in-all"),
+    ],
+)
+def test_idle_connections_past_the_cap_are_closed_while_the_registered_model_swaps(
+    procs: Procs, flags: list[str], opened: int, limit: str
+) -> None:
+    """Issue 12, finding 6: connections are capped per process (`SO_PEERCRED` pid) and in
+    all; one past the cap is closed when accepted, those within it stay open, and the
+    registered model swaps out and in meanwhile."""
+    agent, client, digest = healthy(procs, flags)
+    kept = [connect(agent.socket) for _ in range(opened)]
+    try:
+        with connect(agent.socket) as extra:
+            extra.settimeout(5)
+            started = time.monotonic()
+            assert closed_by_agent(extra), f"a connection past the cap {limit} was kept"
+            seconds = time.monotonic() - started
+        for sock in kept:
+            sock.settimeout(0.2)
+            assert not closed_by_agent(sock), "a connection within the cap was closed"
+        swap_seconds = still_serves(agent, client, digest)
+    finally:
+        for sock in kept:
+            sock.close()
+    record(
+        "inputs",
+        input=f"client socket: {opened + 1} idle connections, the cap {limit} {opened}",
+        limit="max_connections_per_process (16), max_connections (256)",
+        outcome=f"the one past the cap closed when accepted; the healthy model swapped out "
+        f"and in ({swap_seconds:.3f} s)",
+        answered_seconds=round(seconds, 3),
+    )
+
+
+def test_a_flood_of_unregistered_heartbeats_on_one_connection_holds_a_bounded_thread_count(
+    procs: Procs,
+) -> None:
+    """Issue 12, finding 6: 5,000 unregistered heartbeats on one connection made 4,675
+    agent threads. Now at most `max_handlers_per_connection` (4) threads serve it, every
+    heartbeat is answered (`NotVouched`, or `Busy` past the waiting requests), and the
+    registered model swaps meanwhile."""
+    agent, client, digest = healthy(procs)
+    threads_before = thread_count(agent.pid)
+    answers: dict[str, int] = {}
+    sent = 5000
+    with connect(agent.socket) as sock:
+
+        def read_replies() -> None:  # the agent's sends block if nobody reads its replies
+            with contextlib.suppress(OSError):
+                while sum(answers.values()) < sent:
+                    packet = sock.recv(MIB)
+                    if not packet:
+                        return
+                    code = json.loads(packet)["error"]["code"]
+                    answers[code] = answers.get(code, 0) + 1
+
+        reader = threading.Thread(target=read_replies, daemon=True)
+        reader.start()
+        peak = thread_count(agent.pid)
+        started = time.monotonic()
+        for n in range(sent):
+            sock.send(b'{"op":"heartbeat","id":%d}' % (n + 1))
+            if n % 100 == 0:
+                peak = max(peak, thread_count(agent.pid))
+        reader.join(60)
+        seconds = time.monotonic() - started
+        peak = max(peak, thread_count(agent.pid))
+    assert sum(answers.values()) == sent, answers
+    assert set(answers) <= {"NotVouched", "Busy"}, answers
+    # one reader thread and at most four handlers for the connection
+    assert peak <= threads_before + 5, f"{peak} agent threads (from {threads_before})"
+    swap_seconds = still_serves(agent, client, digest)
+    wait_for(lambda: thread_count(agent.pid) <= threads_before, 10, "the agent's threads back")
+    record(
+        "inputs",
+        input=f"client socket: {sent} unregistered heartbeats on one connection",
+        limit="max_handlers_per_connection (4), max_waiting_requests_per_connection (16)",
+        outcome=f"peak {peak} agent threads (from {threads_before}); answered "
+        + ", ".join(f"{v} {k}" for k, v in sorted(answers.items()))
+        + f"; the healthy model swapped out and in ({swap_seconds:.3f} s)",
+        answered_seconds=round(seconds, 3),
+    )
+
+
+def test_a_connection_that_never_registers_is_closed_after_the_deadline(procs: Procs) -> None:
+    """Issue 12, finding 6: connections that never register are dropped; the registered
+    client, connected for longer than the deadline, is kept and served."""
+    agent, client, digest = healthy(procs, ["--register-timeout", "1"])
+    started = time.monotonic()
+    with connect(agent.socket) as idle:
+        idle.settimeout(10)
+        assert closed_by_agent(idle), "an unregistered connection was kept"
+        seconds = time.monotonic() - started
+    assert seconds >= 1.0, f"closed after {seconds:.3f} s, before the deadline"
+    swap_seconds = still_serves(agent, client, digest)  # connected for over a second
+    record(
+        "inputs",
+        input="client socket: a connection that never registers (deadline 1 s)",
+        limit="register_timeout_seconds (10)",
+        outcome=f"closed after {seconds:.2f} s; the registered model swapped out and in "
+        f"({swap_seconds:.3f} s)",
+        answered_seconds=round(seconds, 3),
     )

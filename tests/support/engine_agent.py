@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-estimate", default="0", help="the engine's per-process estimate")
     p.add_argument("--heartbeat-timeout", type=float, default=30.0)
     p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
+    defaults = EngineSettings()
+    p.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    p.add_argument(
+        "--max-connections-per-process", type=int, default=defaults.max_connections_per_process
+    )
+    p.add_argument("--register-timeout", type=float, default=defaults.register_timeout_seconds)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(name)s: %(message)s")
     harden_process()
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout_seconds=args.drain_timeout,
         overhead_bytes_per_process=parse_bytes(args.overhead_estimate),
         heartbeat_timeout_seconds=args.heartbeat_timeout,
+        max_connections=args.max_connections,
+        max_connections_per_process=args.max_connections_per_process,
+        register_timeout_seconds=args.register_timeout,
     )
     engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()

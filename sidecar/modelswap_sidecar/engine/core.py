@@ -7,8 +7,9 @@ swap-out, attach, commit, readopt, removal); each GPU has an allocation lock (th
 ledger's) held by swap-ins and attaches so two of them on one GPU never evict each other;
 the table's lock guards records for short mutations and the state file. Client round
 trips never hold the table's lock. Operations run on their callers' threads (the agent's
-worker threads, one thread per client request); the engine's own threads are the
-heartbeat watcher and, after a restart, the readopt grace timer.
+worker threads; a connection's handler threads for client requests, `engine/server.py`);
+the engine's own threads are the heartbeat watcher and, after a restart, the readopt
+grace timer.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Engine:
         checkpoint: Callable[[str], None] = no_checkpoint,
     ) -> None:
         settings = settings or EngineSettings()
+        self.settings = settings
         self._store = store
         self._events = SwapEvents()
         self._table = ModelTable(store)
@@ -148,12 +150,16 @@ class Engine:
     # -- clients -------------------------------------------------------------------------
 
     def handle(self, peer: Peer, message: Message) -> Message | None:
-        """Serve one client request (runs on its own thread)."""
+        """Serve one client request (on one of its connection's handler threads)."""
         return self._protocol.handle(peer, message)
 
     def client_gone(self, peer: Peer) -> None:
         """A closed socket is a dead client: drop its handles, keep the host copies."""
         self._protocol.client_gone(peer)
+
+    def registered(self, peer: Peer) -> bool:
+        """Whether `peer` registered as an instance of a model (and is still bound)."""
+        return self._table.binding(peer) is not None
 
     # -- recovery ------------------------------------------------------------------------
 

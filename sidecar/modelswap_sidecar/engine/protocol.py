@@ -1,6 +1,7 @@
 """The client protocol: each request from a client socket (register, heartbeat, attach,
 commit, swap-in, readopt) dispatched to the object that serves it, and a client's socket
-closing. Each request runs on a thread of its own (`wire.Peer`)."""
+closing. Requests run on their connection's handler threads (`wire.Peer`, bounded by
+`EngineSettings.max_handlers_per_connection`)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class ClientProtocol:
         self.swap_in = swap_in
 
     def handle(self, peer: Peer, message: Message) -> Message | None:
-        """Serve one client request (runs on its own thread)."""
+        """Serve one client request (on one of its connection's handler threads)."""
         try:
             if message.op is Op.REGISTER:
                 return self._register(peer, message)

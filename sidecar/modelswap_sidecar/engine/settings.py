@@ -31,6 +31,20 @@ class EngineSettings:
     #: a client silent for this long is logged (nothing else happens: the socket is the
     #: liveness signal)
     heartbeat_timeout_seconds: float = 30.0
+    # The client socket's limits (`engine/server.py`): what connections that are not (yet)
+    # model processes can make the agent hold. A model process opens one connection per
+    # instance it serves (and one per retry while it is refused, until the deadline below).
+    #: open connections in all; more are closed when accepted
+    max_connections: int = 256
+    #: open connections from one process (`SO_PEERCRED` pid); more are closed when accepted
+    max_connections_per_process: int = 16
+    #: threads serving one connection's requests at once (replies to the agent's own
+    #: requests are read beside them, never behind a busy one)
+    max_handlers_per_connection: int = 4
+    #: requests on one connection waiting for a handler; more are answered `Busy`
+    max_waiting_requests_per_connection: int = 16
+    #: a connection that has not registered this long after it was accepted is closed
+    register_timeout_seconds: float = 10.0
 
 
 def no_checkpoint(name: str) -> None:
