@@ -33,3 +33,19 @@ def test_values_that_are_not_json_are_deep_copied() -> None:
     assert copied["box"] is not box and copied["box"].inner == [1]
     assert copied["box"].inner is not box.inner
     assert copied["pair"] == (1, [2])
+
+
+def test_a_list_view_answers_as_select_does_without_touching_the_store() -> None:
+    from tests.support.kube_emulator.operations import Cluster
+
+    cluster = Cluster()
+    rt = cluster.types.get("", "v1", "configmaps")
+    assert rt is not None
+    for name in ("b", "a"):
+        cluster.create(rt, "default", {"metadata": {"name": name}, "data": {"k": name}})
+    everything: Any = lambda obj: True  # noqa: E731 - a predicate
+    view = cluster.select_view(rt, "default", everything)
+    assert view == cluster.select(rt, "default", everything)
+    assert [o["metadata"]["name"] for o in view] == ["a", "b"]
+    view[0]["kind"] = "Changed"  # the item itself is the view's own
+    assert cluster.get(rt, "default", "a")["kind"] == "ConfigMap"

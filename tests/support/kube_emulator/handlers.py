@@ -165,7 +165,7 @@ class Handlers:
         self, request: web.Request, rt: ResourceType, path: ResourcePath, predicate: Any
     ) -> web.Response:
         rv = str(self.cluster.store.rv)
-        items = self.cluster.select(rt, path.namespace, predicate)
+        items = self.cluster.select_view(rt, path.namespace, predicate)  # serialised below
         items, token, remaining = listing.page(
             items, rv, request.query.get("limit"), request.query.get("continue")
         )

@@ -100,6 +100,18 @@ class Cluster:
             if predicate(obj)
         ]
 
+    def select_view(
+        self, rt: ResourceType, namespace: str | None, predicate: Predicate
+    ) -> list[dict[str, Any]]:
+        """`select` without the deep copies, for a list answer serialised at once: each item
+        is a shallow copy with its apiVersion and kind; what it holds is the store's own,
+        to read, never to change."""
+        return [
+            {**obj, "apiVersion": rt.api_version, "kind": rt.kind}
+            for obj in self.store.views(rt.key, namespace)
+            if predicate(obj)
+        ]
+
     @staticmethod
     def as_version(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         """All versions of a resource share storage; each is served under its own apiVersion."""

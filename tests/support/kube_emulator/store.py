@@ -70,6 +70,12 @@ class Store:
         found = self._objects.get(key, {})
         return [clone(found[k]) for k in sorted(found) if namespace is None or k[0] == namespace]
 
+    def views(self, key: Key, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The stored objects themselves, in etcd's order, for a response serialised at
+        once (a list): never change them or keep them past the request."""
+        found = self._objects.get(key, {})
+        return [found[k] for k in sorted(found) if namespace is None or k[0] == namespace]
+
     def count(self, key: Key, namespace: str | None = None) -> int:
         return sum(1 for k in self._objects.get(key, {}) if namespace is None or k[0] == namespace)
 
