@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import route, until
+from tests.support.gateway_fakes import route
 from tests.support.gateway_triton import Served, gateway_over_triton
+from tests.support.waiting import until
 
 HOST = {"Host": "plain.team-a.svc.cluster.local:8080"}
 PLAIN_PATH = "/v2/models/plain/infer"

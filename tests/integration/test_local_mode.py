@@ -141,7 +141,11 @@ def leftovers(run_dir: Path, shm_prefix: str | None, pgid: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def local_mode(tmp_path: Path, files: dict[str, str]) -> Iterator[LocalMode]:
+def local_mode(
+    tmp_path: Path, files: dict[str, str], *, until_pushed: bool = True
+) -> Iterator[LocalMode]:
+    """`modelswap up` over `files`, yielded once it has pushed them (`until_pushed`) or
+    once its state file names the gateway."""
     tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
     folder = tmp_path / "deployments"
     folder.mkdir()
@@ -163,7 +167,7 @@ def local_mode(tmp_path: Path, files: dict[str, str]) -> Iterator[LocalMode]:
         assert process.poll() is None, log_path.read_text(errors="replace")
         with contextlib.suppress(OSError, ValueError):
             state = json.loads((run_dir / "local.json").read_text())
-            if state.get("running") and state.get("pushes", 0) >= 1:
+            if state.get("running") and (state.get("pushes", 0) >= 1 or not until_pushed):
                 return dict(state)
         return None
 
@@ -257,3 +261,47 @@ def test_a_yaml_edit_changes_the_policy_live_and_sigint_leaves_nothing_running(
         status = local.status()
         assert status.returncode == 1
         assert "not running" in status.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ready_means_the_folder_s_models_are_known_and_no_request_is_404_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """From the moment the gateway is named, `/v2/health/ready` is 200 only once the folder's
+    models are known, and `classify` is never answered 404 (503 + Retry-After until then)."""
+    with local_mode(tmp_path, {"classify.yaml": CLASSIFY}, until_pushed=False) as local:
+        url = local.state["gatewayUrl"]
+        body = mlp_infer_body(mlp_input(1))
+        answers: list[tuple[str, int, str | None]] = []  # (probe, status, reason)
+
+        def answer(probe: str, r: httpx.Response) -> None:
+            reason = None
+            if r.status_code >= 400:
+                assert r.headers.get("Retry-After") or r.status_code != 503, r.text
+                reason = r.json().get("reason")
+            answers.append((probe, r.status_code, reason))
+
+        def served() -> bool:
+            assert local.process.poll() is None, local.log()
+            with contextlib.suppress(httpx.TransportError):
+                answer("ready", httpx.get(f"{url}/v2/health/ready", timeout=10, trust_env=False))
+            with contextlib.suppress(httpx.TransportError):
+                r = httpx.post(
+                    f"{url}/v2/models/classify/infer", json=body, timeout=60, trust_env=False
+                )
+                answer("classify", r)
+                return r.status_code == 200
+            return False
+
+        wait_for(served, timeout_seconds=90, what="classify to answer 200")
+        assert not [a for a in answers if a[1] == 404], answers
+        ready = httpx.get(f"{url}/v2/health/ready", timeout=10, trust_env=False)
+        assert ready.status_code == 200, ready.text
+        # once ready, the model is known: no ModelNotKnownYet after the first ready 200
+        first_ready = next((i for i, a in enumerate(answers) if a[:2] == ("ready", 200)), None)
+        if first_ready is not None:
+            later = answers[first_ready:]
+            assert not [a for a in later if a[2] == "ModelNotKnownYet"], answers
+        gone = httpx.post(f"{url}/v2/models/gpt/infer", json=body, timeout=10, trust_env=False)
+        assert gone.status_code == 404, gone.text

@@ -81,6 +81,12 @@ class FakeDirectory:
         self.states[uid] = "SWAPPED_OUT"
 
     # -- ModelDirectory
+    #: False: the node does not know its desired set yet (`/v2/health/ready` is 503)
+    knows = True
+
+    def knows_desired(self) -> bool:
+        return self.knows
+
     def lookup(self, name: str, namespace: str | None) -> ModelRoute:
         return self.table.lookup(name, namespace)
 

@@ -222,6 +222,8 @@ async def build(
             grace_seconds=settings.grace_seconds,
             fencing_enabled=not settings.local_mode,
             tls=certificate,
+            body_timeout_seconds=settings.control_body_timeout_seconds,
+            idle_timeout_seconds=settings.control_idle_timeout_seconds,
         ),
         clock=time.monotonic,
     )

@@ -1,7 +1,9 @@
 """Running the agent: `run_agent(settings)` builds it (`assembly.build`) and runs it
 (`run`) until SIGTERM or SIGINT, then closes everything it opened.
 
-`run(agent, stop)` starts, in order: the control API (HTTPS with the serving certificate
+`run(agent, stop)` reads the saved desired set's names (`core.knowledge`: until the agent
+knows its desired models the gateway answers 503, not 404), then starts, in order: the
+control API (HTTPS with the serving certificate
 when one was picked), the metrics and gateway servers when their ports are set, the runtime
 watch, the policy loop and the adoption of the models a previous agent held; writes the
 endpoints file (`agent.json`: pid and the ports bound); then, in cluster mode, the node
@@ -76,6 +78,9 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
     """Serve until `stop` is set; then stop the loops and servers started here (the parts
     themselves are closed by the stack `agent` was built on)."""
     settings = agent.settings
+    saved_file = settings.state_dir / DESIRED_FILE
+    # the saved set's names are known at once; its models are taken back once Triton is ready
+    agent.backend.knowledge.read_saved(load_entries(saved_file), found=saved_file.exists())
     async with contextlib.AsyncExitStack() as stack:
         control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
         stack.push_async_callback(control.cleanup)
@@ -90,18 +95,7 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
         tasks = [
             asyncio.create_task(agent.watch.run(), name="runtime-watch"),
             asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
-            asyncio.create_task(
-                adopt(
-                    agent.actuator,
-                    agent.driver,
-                    agent.watch,
-                    saved_entries=functools.partial(
-                        load_entries, settings.state_dir / DESIRED_FILE
-                    ),
-                    policy_of=AgentBackend.policy_of,
-                ),
-                name="adopt",
-            ),
+            asyncio.create_task(_adopt(agent, saved_file), name="adopt"),
         ]
         stack.push_async_callback(_cancel, tasks)
         control_port = _port_of(control)
@@ -139,6 +133,17 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
         log.info("stopping the agent")
 
 
+async def _adopt(agent: Agent, saved_file: Path) -> None:
+    await adopt(
+        agent.actuator,
+        agent.driver,
+        agent.watch,
+        saved_entries=functools.partial(load_entries, saved_file),
+        policy_of=AgentBackend.policy_of,
+    )
+    agent.backend.knowledge.adopted()
+
+
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     for task in tasks:
         task.cancel()
@@ -152,14 +157,21 @@ async def _serve_metrics(agent: Agent) -> web.AppRunner:
     return runner
 
 
-async def _serve_gateway(agent: Agent) -> web.AppRunner:
-    gateway = GatewaySettings(
-        upstream_url=f"http://{agent.settings.triton.url}",
-        host=agent.settings.gateway_host,
-        port=agent.settings.gateway_port,
-        local_mode=agent.settings.local_mode,
+def gateway_settings(settings: AgentSettings) -> GatewaySettings:
+    return GatewaySettings(
+        upstream_url=f"http://{settings.triton.url}",
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        local_mode=settings.local_mode,
+        body_timeout_seconds=settings.gateway_body_timeout_seconds,
+        idle_timeout_seconds=settings.gateway_idle_timeout_seconds,
     )
-    app = make_gateway_app(AgentDirectory(agent.actuator), gateway, registry=agent.registry)
+
+
+async def _serve_gateway(agent: Agent) -> web.AppRunner:
+    gateway = gateway_settings(agent.settings)
+    directory = AgentDirectory(agent.actuator, knowledge=agent.backend.knowledge)
+    app = make_gateway_app(directory, gateway, registry=agent.registry)
     return await start_gateway(app)
 
 

@@ -27,10 +27,12 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
                                     # when set, else (cluster mode, a `kube` section) with a
                                     # key and self-signed certificate made at start; plain
                                     # HTTP without either (local mode). off: plain HTTP.
-              tlsCertFile: null, tlsKeyFile: null}   # the certificate is published in
+              tlsCertFile: null, tlsKeyFile: null,   # the certificate is published in
                                     # the SwapNode (status.certificate), the operator pins it
+              bodyTimeoutSeconds: 30, idleTimeoutSeconds: 75}
     metrics: {host: 0.0.0.0, port: 9090}     # port 0: no metrics server
-    gateway: {host: 0.0.0.0, port: 8080}     # KServe v2 + OpenAI; port 0: no gateway
+    gateway: {host: 0.0.0.0, port: 8080,     # KServe v2 + OpenAI; port 0: no gateway
+              bodyTimeoutSeconds: 60, idleTimeoutSeconds: 75}
     triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
@@ -166,6 +168,14 @@ class AgentSettings:
     gateway_host: str = "0.0.0.0"
     #: 0: no gateway.
     gateway_port: int = 0
+    #: Longest a request's body may take once its headers arrived (408 after), and longest
+    #: a connection may stay open without a complete request's headers (closed after): the
+    #: control API's (`control.bodyTimeoutSeconds`, `idleTimeoutSeconds`) and the
+    #: gateway's (`gateway.…`), as `ControlSettings` and `GatewaySettings` take them.
+    control_body_timeout_seconds: float = 30.0
+    control_idle_timeout_seconds: float = 75.0
+    gateway_body_timeout_seconds: float = 60.0
+    gateway_idle_timeout_seconds: float = 75.0
     triton: TritonEndpoint
     policy: PolicyLoopSettings = PolicyLoopSettings()
     log_level: str = "info"
@@ -268,6 +278,10 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         metrics_port=int(_get(metrics, "port", 0)),
         gateway_host=str(_get(gateway, "host", "0.0.0.0")),
         gateway_port=int(_get(gateway, "port", 0)),
+        control_body_timeout_seconds=_positive(control, "bodyTimeoutSeconds", "control.") or 30.0,
+        control_idle_timeout_seconds=_positive(control, "idleTimeoutSeconds", "control.") or 75.0,
+        gateway_body_timeout_seconds=_positive(gateway, "bodyTimeoutSeconds", "gateway.") or 60.0,
+        gateway_idle_timeout_seconds=_positive(gateway, "idleTimeoutSeconds", "gateway.") or 75.0,
         triton=TritonEndpoint(
             url=str(triton["url"]),
             repository=_required_path(triton, "repository", "triton."),

@@ -33,10 +33,16 @@ class ModelRoute:
 class ModelDirectory(Protocol):
     """The agent's models, their residency, and the one way to make one resident."""
 
+    def knows_desired(self) -> bool:
+        """The node knows which models it serves (it was told its desired set, or read the
+        one it saved); until then `/v2/health/ready` is 503."""
+        ...
+
     def lookup(self, name: str, namespace: str | None) -> ModelRoute:
         """The model users call `name` in `namespace`; with `namespace` None (local mode),
-        the only model of that name. Raises `errors.UnknownModelError`, or
-        `errors.AmbiguousModelError` naming the candidates."""
+        the only model of that name. Raises `errors.UnknownModelError` for a name the node
+        was not told of, `errors.ModelNotKnownYetError` for one it may still be told of or
+        holds but cannot route yet, or `errors.AmbiguousModelError` naming the candidates."""
         ...
 
     def routes(self, namespace: str | None) -> Sequence[ModelRoute]:

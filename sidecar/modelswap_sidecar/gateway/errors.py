@@ -4,7 +4,10 @@
     ├── BadRequestError             400 BadRequest        malformed body, unsupported field
     ├── NamespaceRequiredError      400 NamespaceRequired no Service host, no /ns/ prefix,
     │                                                     and not local mode
-    ├── UnknownModelError           404 ModelNotFound
+    ├── UnknownModelError           404 ModelNotFound     a name the node was not told of
+    ├── ModelNotKnownYetError       503 ModelNotKnownYet  + Retry-After: the node does not know
+    │                                                     its desired set yet, or has not
+    │                                                     taken the model back yet
     ├── AmbiguousModelError         409 AmbiguousModel    a bare name held by several namespaces
     ├── QueueFullError              429 QueueFull         + Retry-After
     ├── QueueTimeoutError           503 QueueTimeout      + Retry-After (the swap-in goes on)
@@ -52,6 +55,11 @@ class NamespaceRequiredError(GatewayError):
 class UnknownModelError(GatewayError):
     status = 404
     reason = "ModelNotFound"
+
+
+class ModelNotKnownYetError(GatewayError):
+    status = 503
+    reason = "ModelNotKnownYet"
 
 
 class AmbiguousModelError(GatewayError):

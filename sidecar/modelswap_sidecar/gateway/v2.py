@@ -1,7 +1,7 @@
 """KServe v2 REST in front of Triton, under the names users call.
 
     GET  /v2/health/live                         the gateway answers
-    GET  /v2/health/ready                        Triton is ready
+    GET  /v2/health/ready                        the desired models known, Triton ready
     GET  /v2                                     Triton's server metadata
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]                  model metadata
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]/ready            model readiness
@@ -35,6 +35,7 @@ from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
     BadRequestError,
     GatewayError,
+    ModelNotKnownYetError,
     ModelSwappedOutError,
     TritonNotReadyError,
 )
@@ -85,10 +86,16 @@ async def _live(request: web.Request) -> web.Response:
 
 async def _server_ready(request: web.Request) -> web.Response:
     gw = _gateway(request)
+    if not gw.directory.knows_desired():
+        raise ModelNotKnownYetError(
+            "the node does not know its desired models yet", retry_after_seconds=1
+        )
     async with await gw.upstream.open("GET", "/v2/health/ready") as response:
         if response.status == 200:
             return web.Response(status=200)
-    raise TritonNotReadyError(f"Triton is not ready (it answered {response.status})")
+    raise TritonNotReadyError(
+        f"Triton is not ready (it answered {response.status})", retry_after_seconds=1
+    )
 
 
 async def _server_metadata(request: web.Request) -> web.Response:

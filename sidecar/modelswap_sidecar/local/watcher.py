@@ -5,7 +5,10 @@ last look. On a change it reads them again (`manifests.read_folder`), reports fi
 refuses (each problem once, naming its field), and `PUT /v1/desired`s the full set to the
 agent's control API: term 1, the counter one higher each push. A push that fails (the
 agent still starting, or restarting) is retried at the next poll; the set is also pushed
-again every `resync_seconds`, as the operator re-pushes.
+again every `resync_seconds`, as the operator re-pushes. A model whose file was removed is
+left out of the next push and then forgotten (`DELETE /v1/models/{uid}`: unloaded, its
+host bytes freed, no longer listed), as the operator deletes a removed ModelDeployment's
+model; a DELETE that fails is sent again after the next push.
 
 It runs in a thread beside the in-process supervisor; `stop()` ends it.
 """
@@ -80,6 +83,8 @@ class FolderWatcher:
         self._counter = 0
         self._signature: Signature | None = None
         self._pending = True
+        #: uids gone from the folder, to forget once a push without them is taken
+        self._gone: set[str] = set()
         self._last_push = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +126,7 @@ class FolderWatcher:
         for model in self.applied.models:
             if model.uid in gone:
                 log.info("%s/%s is gone from the folder: unloading", model.namespace, model.name)
+        self._gone = (self._gone | gone) - {m.uid for m in models}
         self.applied.models, self.applied.problems = models, problems
         self._pending = True
 
@@ -150,7 +156,26 @@ class FolderWatcher:
         due = time.monotonic() - self._last_push >= self.resync_seconds
         if (self._pending or due) and self.push(client):
             self._pending = False
+            self.forget_gone(client)
             self.on_change(self.applied)
+
+    def forget_gone(self, client: httpx.Client) -> None:
+        """DELETE each model gone from the folder (the push just taken left it out)."""
+        for uid in sorted(self._gone):
+            try:
+                response = client.delete(
+                    f"{self.control_url}/v1/models/{uid}",
+                    headers={"Authorization": f"Bearer {self.token}"},
+                )
+            except httpx.HTTPError as e:
+                log.debug("cannot forget %s yet: %s", uid, e)
+                continue
+            if response.status_code in (200, 404):
+                self._gone.discard(uid)
+                self.applied.outcomes.pop(uid, None)
+                self.applied.first_applied.pop(uid, None)
+            else:
+                log.warning("the agent refused to forget %s: %s", uid, response.text)
 
     def push(self, client: httpx.Client) -> bool:
         self._counter += 1

@@ -32,7 +32,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,13 +98,15 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def _access_of(authorization: str | None) -> str:
+def _access_of(authorization: str | None, headers: Mapping[str, str] | None = None) -> str:
     """What proved access to a fetched source, as part of its cache key: a digest of the
-    Authorization value (empty without one). A digest, so the key and the folder name under
-    the cache root carry no usable secret."""
-    if not authorization:
+    Authorization value and of every other credential header (empty without any). A
+    digest, so the key and the folder name under the cache root carry no usable secret."""
+    sent = sorted((name.lower(), value) for name, value in (headers or {}).items())
+    if not authorization and not sent:
         return ""
-    return "auth:" + hashlib.sha256(authorization.strip().encode()).hexdigest()
+    proof = [(authorization or "").strip(), *(f"{name}: {value}" for name, value in sent)]
+    return "auth:" + hashlib.sha256("\n".join(proof).encode()).hexdigest()
 
 
 def _sha256_of(path: Path) -> str:
@@ -224,10 +226,16 @@ class SourceCache:
             free += victim.size_bytes
 
     async def fetch(
-        self, uri: str, *, sha256: str | None = None, authorization: str | None = None
+        self,
+        uri: str,
+        *,
+        sha256: str | None = None,
+        authorization: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> CacheEntry:
-        """The cache entry of an http(s) `.tar.gz`, fetched unless cached; marks it in use."""
-        key = _key("url", uri, (sha256 or "").lower(), _access_of(authorization))
+        """The cache entry of an http(s) `.tar.gz`, fetched unless cached; marks it in use.
+        Keyed by every credential sent (`authorization`, `headers`)."""
+        key = _key("url", uri, (sha256 or "").lower(), _access_of(authorization, headers))
         origin = display_uri(uri)
         async with self._locks.setdefault(key, asyncio.Lock()):
             if (hit := self._hit(key)) is not None:
@@ -236,7 +244,7 @@ class SourceCache:
             try:
                 fetched = await fetch_to_file(
                     self._client, uri, tmp / "archive", max_bytes=self.settings.max_download_bytes,
-                    expected_sha256=sha256, authorization=authorization,
+                    expected_sha256=sha256, authorization=authorization, headers=headers,
                 )  # fmt: skip
                 return await self._install(key, tmp, fetched.path, fetched.sha256, origin)
             finally:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import re
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,10 @@ async def fetch_to_file(
     max_bytes: int,
     expected_sha256: str | None = None,
     authorization: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Fetched:
-    """Stream `uri` into `target` (created); raise a `SourceError` naming the field."""
+    """Stream `uri` into `target` (created); raise a `SourceError` naming the field.
+    `headers`: the credential's other headers (`credentials.headers`), sent as given."""
     # Userinfo travels as basic auth, so the URL that httpx logs carries no password; an
     # explicit `authorization` wins over it.
     shown, basic_auth = _split_userinfo(uri)
@@ -79,7 +82,13 @@ async def fetch_to_file(
             "the Authorization value holds characters a header cannot carry (control "
             "characters or non-ASCII); fix the Secret"
         )
-    headers = {"Authorization": authorization} if authorization else {}
+    for name, value in (headers or {}).items():
+        if _HEADER_VALUE.fullmatch(value) is None:
+            raise CredentialsInvalid(
+                f"credentials.headers.{name}: the value holds characters a header cannot "
+                "carry (control characters or non-ASCII); fix the Secret"
+            )
+    headers = {**(headers or {}), **({"Authorization": authorization} if authorization else {})}
     auth = basic_auth if basic_auth is not None and not authorization else None
     digest = hashlib.sha256()
     size_bytes = 0

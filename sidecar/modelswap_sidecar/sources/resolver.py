@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +58,18 @@ class SourceResolver:
     def __init__(self, cache: SourceCache) -> None:
         self.cache = cache
 
-    async def resolve(self, source: Source, *, authorization: str | None = None) -> ResolvedSource:
+    async def resolve(
+        self,
+        source: Source,
+        *,
+        authorization: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ResolvedSource:
+        """The source's model folder; an http(s) source is fetched with the credential's
+        `authorization` and other `headers` (a mounted one needs none)."""
         if source.is_url:
             entry = await self.cache.fetch(
-                source.uri, sha256=source.sha256, authorization=authorization
+                source.uri, sha256=source.sha256, authorization=authorization, headers=headers
             )
             return ResolvedSource(entry.model_dir, entry.key, entry.sha256)
         path = Path(source.uri)

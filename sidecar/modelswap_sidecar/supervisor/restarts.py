@@ -19,10 +19,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True, kw_only=True)
 class RestartPolicy:
     initial_backoff_seconds: float = 0.5
-    max_backoff_seconds: float = 30.0
+    #: The longest a killed child waits to start again: the recovery time the node promises
+    #: (docs/NODE.md) is this plus the child's own start. A crash loop is bounded by the
+    #: give-up below, not by a long wait.
+    max_backoff_seconds: float = 4.0
     backoff_factor: float = 2.0
     #: A child that ran at least this long before exiting counts as healthy: backoff resets.
-    healthy_after_seconds: float = 60.0
+    healthy_after_seconds: float = 10.0
     #: Give up after this many restarts of one child within the window; None: never.
     give_up_after_restarts: int | None = 10
     give_up_window_seconds: float = 600.0

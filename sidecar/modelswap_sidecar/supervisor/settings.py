@@ -26,9 +26,9 @@ are refused with their path):
       workingDir: /
     restart:
       initialBackoffSeconds: 0.5
-      maxBackoffSeconds: 30
+      maxBackoffSeconds: 4
       backoffFactor: 2
-      healthyAfterSeconds: 60
+      healthyAfterSeconds: 10
       giveUpAfterRestarts: 10      # null: never give up
       giveUpWindowSeconds: 600
     stopGraceSeconds: 15

@@ -29,7 +29,7 @@ from modelswap_api.models import Link
 from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
-from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
 from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.engine.core import Engine
@@ -61,7 +61,10 @@ def link_bytes_per_second(link: Link | None) -> float:
 
 
 def labels_of(model: AgentModel) -> ModelLabels:
-    return ModelLabels(uid=model.uid, namespace=model.entry.namespace, name=model.entry.name)
+    """Its metric labels: `model` is the name users call, as the gateway's series carry it."""
+    return ModelLabels(
+        uid=model.uid, namespace=model.entry.namespace, name=user_name_of(model.entry)
+    )
 
 
 class Actuator:

@@ -1,11 +1,12 @@
 """Side effects of loading and unloading one model: source, engine registration, Triton.
 
     load(model)     resolve spec.model.source (mounted roots mapped, credentials as an
-                    Authorization header), read its config.pbtxt (a non-python backend
-                    cannot attach: served with drop semantics), register the model with the
-                    engine on its GPU, and load it into Triton with ModelswapParameters so
-                    the stub's client attaches (restored from the host store when the engine
-                    holds a copy; else it loads from the source and commits)
+                    Authorization header, `credentials.headers` as given), read its
+                    config.pbtxt (a non-python backend cannot attach: served with drop
+                    semantics), register the model with the engine on its GPU, and load
+                    it into Triton with ModelswapParameters so the stub's client attaches
+                    (restored from the host store when the engine holds a copy; else it
+                    loads from the source and commits)
                     (the engine applies `onSwapOut`, `kv` and the tiered KV pool's settings)
     unload(model)   unload from Triton (the stub exits; the engine keeps the host copy) and
                     release the source-cache entry
@@ -19,6 +20,7 @@ import asyncio
 import base64
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -90,6 +92,33 @@ def authorization_of(credentials: SourceCredentials | None) -> str | None:
     return None
 
 
+#: An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+#: Headers the fetch itself owns (framing, connection, target): a credential may not set them.
+_FETCH_OWNS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+     "trailer", "upgrade", "proxy-connection", "expect"}
+)  # fmt: skip
+
+
+def source_headers_of(credentials: SourceCredentials | None) -> dict[str, str]:
+    """`credentials.headers` other than `authorization` (which `authorization_of` sends),
+    values trimmed; CredentialsInvalid naming `credentials.headers.<name>` — never the value
+    — for one a request cannot carry."""
+    headers: dict[str, str] = {}
+    for key, value in ((credentials.headers or {}) if credentials else {}).items():
+        name = key.strip()
+        if name.lower() == "authorization":
+            continue
+        if _HEADER_NAME.fullmatch(name) is None or name.lower() in _FETCH_OWNS:
+            raise CredentialsInvalid(
+                f"credentials.headers.{ascii(name)[1:-1][:128]}: not a header a source "
+                "request may carry; fix the Secret"
+            )
+        headers[name] = _credential(value, f"credentials.headers.{name} value")
+    return headers
+
+
 def engine_config(model: AgentModel) -> ModelConfig:
     """The engine's view of a placed model: its GPU, the policy fields the engine applies
     itself (KV mode, pinning, priority, drop on swap-out) and the tiered KV pool's settings
@@ -132,8 +161,11 @@ class ModelLoader:
         if model.resolved is None:
             source = map_source(model.entry.spec.model.source, self.model_roots)
             try:
+                credentials = model.entry.credentials
                 model.resolved = await self.resolver.resolve(
-                    source, authorization=authorization_of(model.entry.credentials)
+                    source,
+                    authorization=authorization_of(credentials),
+                    headers=source_headers_of(credentials),
                 )
             except SourceError as e:
                 raise LoadError("BadSource", str(e)) from e

@@ -20,6 +20,12 @@ from modelswap_sidecar.triton.naming import triton_model_name
 UNSUPPORTED_RUNTIME = "UnsupportedRuntime"
 
 
+def user_name_of(entry: DesiredEntry) -> str:
+    """The name users call the model: `spec.model.name`, else its metadata name. The
+    gateway routes by it and every per-model metric's `model` label carries it."""
+    return entry.spec.model.name or entry.name
+
+
 @dataclass
 class AgentModel:
     entry: DesiredEntry

@@ -28,6 +28,7 @@ from modelswap_api.models import Link
 from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, note_fault
+from modelswap_sidecar.agent.core.knowledge import DesiredKnowledge
 from modelswap_sidecar.agent.core.loading import engine_config
 from modelswap_sidecar.agent.core.model_changes import changed_fields, refusal
 from modelswap_sidecar.agent.core.placement import Placement
@@ -56,6 +57,7 @@ class AgentBackend:
         node_name: str,
         agent_version: str,
         desired_file: Path,
+        knowledge: DesiredKnowledge | None = None,
         gpu_products: Sequence[str] | None = None,
         gpu_links: Sequence[Link] | None = None,
     ) -> None:
@@ -63,6 +65,9 @@ class AgentBackend:
         self.node_name = node_name
         self.agent_version = agent_version
         self.desired_file = desired_file
+        #: whether the agent knows its desired models: told once a set is taken (the
+        #: gateway's readiness and its 404 wait for it; `run` adds the saved set)
+        self.knowledge = knowledge if knowledge is not None else DesiredKnowledge()
         #: per GPU, for `GET /v1/node` (None: sim GPUs, link kind sim)
         self.gpu_products = gpu_products
         self.gpu_links = gpu_links
@@ -81,6 +86,7 @@ class AgentBackend:
 
     async def converge(self, entries: Sequence[DesiredEntry]) -> Sequence[EntryResult]:
         results = [await self._take_guarded(entry) for entry in entries]
+        self.knowledge.pushed()
         await asyncio.to_thread(
             save_entries, self.desired_file, [m.entry for m in self.records.values() if m.desired]
         )

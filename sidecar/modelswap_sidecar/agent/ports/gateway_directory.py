@@ -3,7 +3,11 @@ residency from the engine, swap-ins through the actuator, request times for the 
 
 - `lookup`/`routes`: every desired model the agent holds (not unloaded), under the name
   users call it (`spec.model.name`, else metadata.name) in its namespace; `decoupled` read
-  once per model directory from its config.pbtxt (`model_transaction_policy`).
+  once per model directory from its config.pbtxt (`model_transaction_policy`). A name not
+  routed is `ModelNotKnownYetError` (503 + Retry-After) while the agent may still be told
+  of it (`core.knowledge`: no desired set yet, or a saved entry not taken back yet) or
+  holds it desired without a route; `UnknownModelError` (404) otherwise.
+- `knows_desired`: the agent was told its desired set, or read the one it saved.
 - `is_resident`: a request is answered without a swap-in (`model_states.answers_now`):
   Triton serves it and, for a model that maps memory through the client library, the
   engine holds it RESIDENT (or LOADING once a dropped model's swap-in has mapped fresh
@@ -27,9 +31,14 @@ from pathlib import Path
 
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.isolation import each_record
-from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.knowledge import DesiredKnowledge
+from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
 from modelswap_sidecar.gateway.directory import ModelRoute
-from modelswap_sidecar.gateway.errors import SwapInFailedError, UnknownModelError
+from modelswap_sidecar.gateway.errors import (
+    ModelNotKnownYetError,
+    SwapInFailedError,
+    UnknownModelError,
+)
 from modelswap_sidecar.gateway.routing import resolve
 from modelswap_sidecar.model_states import Serving, answers_now
 from modelswap_sidecar.triton.config import read_model_config
@@ -43,9 +52,13 @@ _WAITABLE = (Serving.LOADING,)
 _SWAPPABLE = (Serving.LOADED, Serving.DROPPED)
 
 
+#: How soon a client may ask again for a model the agent may still be told of.
+_KNOWN_SOON_SECONDS = 1
+
+
 def user_name(model: AgentModel) -> str:
     """The name users call the model: `spec.model.name`, else its metadata name."""
-    return model.entry.spec.model.name or model.entry.name
+    return user_name_of(model.entry)
 
 
 def is_decoupled(model_dir: Path) -> bool:
@@ -64,11 +77,14 @@ class AgentDirectory:
         self,
         actuator: Actuator,
         *,
+        knowledge: DesiredKnowledge | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         load_wait_seconds: float = 600.0,
     ) -> None:
         self.actuator = actuator
+        #: None: the agent is taken to know its desired set (tests that push it first)
+        self.knowledge = knowledge
         self.clock = clock
         self.wall_clock = wall_clock
         self.load_wait_seconds = load_wait_seconds
@@ -108,8 +124,27 @@ class AgentDirectory:
         served = [m for m in self._served() if namespace is None or m.entry.namespace == namespace]
         return each_record(served, "route requests to", self.route_of)
 
+    def knows_desired(self) -> bool:
+        return self.knowledge is None or self.knowledge.told
+
     def lookup(self, name: str, namespace: str | None) -> ModelRoute:
-        return resolve(self.routes(None), name, namespace)
+        try:
+            return resolve(self.routes(None), name, namespace)
+        except UnknownModelError:
+            awaited = self.knowledge is not None and self.knowledge.awaits(name, namespace)
+            if not awaited and not self._held_unrouted(name, namespace):
+                raise
+        where = f"{namespace}/{name}" if namespace else name
+        raise ModelNotKnownYetError(
+            f"model {where} is not known yet: the node is still taking its desired models",
+            retry_after_seconds=_KNOWN_SOON_SECONDS,
+        )
+
+    def _held_unrouted(self, name: str, namespace: str | None) -> bool:
+        """A desired model of that name is held but has no route (its fault noted)."""
+        return any(
+            user_name(m) == name and namespace in (None, m.entry.namespace) for m in self._served()
+        )
 
     # -- residency ---------------------------------------------------------------------------
 

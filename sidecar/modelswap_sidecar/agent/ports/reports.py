@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from modelswap_api.control import ModelInfo, NodeInfo
 from modelswap_api.models import GpuStatus, Link
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, guarded
-from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
 from modelswap_sidecar.engine.core import Engine, ModelStatus
 from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.states import EngineState
@@ -154,9 +154,13 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
                 host_store_capacity_bytes=engine.host_store_capacity_bytes(ordinal),
             )
         )
+    # the `model` label is the name users call (the gateway's series carry the same)
+    names = {m.uid: user_name_of(m.entry) for m in models}
     samples = [
         ModelSample(
-            model=ModelLabels(uid=info.uid, namespace=info.namespace, name=info.name),
+            model=ModelLabels(
+                uid=info.uid, namespace=info.namespace, name=names.get(info.uid, info.name)
+            ),
             state=info.state,
             resident_bytes=info.resident_bytes,
             host_bytes=info.host_bytes,
