@@ -100,6 +100,12 @@ def charged_residency(
         return Residency.RESIDENT
     if engine_state is None:
         return Residency.LOADING
+    if engine_state is EngineState.LOADING:
+        # a dropped model swapped in: fresh memory mapped, its weights loaded by its next
+        # request. It answers, and dropping it again loses nothing, so it is weighed as
+        # resident (idle, it goes; a swap-in may take it as a victim) rather than as a
+        # load under way that others wait for.
+        return Residency.RESIDENT
     return residency_of(engine_state)
 
 

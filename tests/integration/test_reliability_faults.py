@@ -273,12 +273,6 @@ async def test_seeded_random_kills_of_agent_and_triton_lose_nothing_and_recover(
     await kill_run(("agent", "triton"), KILLS, RECOVERY_LIMIT_SECONDS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12, found by this suite: a model process killed -9 is never reloaded (the "
-    "model stays SwappedOut, 'instance ... exited'; the gateway asks for a swap-in on every "
-    "request and none happens)",
-)
 @pytest.mark.timeout(300)
 async def test_a_model_process_killed_at_random_is_reloaded_and_loses_nothing() -> None:
     await kill_run(("model process",), 1, 60.0)

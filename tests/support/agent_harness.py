@@ -125,6 +125,8 @@ class AgentConfig:
     interval_seconds: float = 0.25
     local_mode: bool = True
     retry_failed_seconds: float = 60.0
+    #: triton.loadTimeoutSeconds: a Triton load's bound, and a stalled reload's
+    load_timeout_seconds: float = 60.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -168,7 +170,7 @@ class Agent:
                 "url": triton.url,
                 "repository": str(triton.repository),
                 "pidFile": str(triton.pid_file),
-                "loadTimeoutSeconds": 60,
+                "loadTimeoutSeconds": config.load_timeout_seconds,
             },
             "policy": {
                 "intervalSeconds": config.interval_seconds,

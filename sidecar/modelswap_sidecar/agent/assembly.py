@@ -199,6 +199,7 @@ async def build(
         records=records,
         links=links,
         retry_failed_seconds=settings.policy.retry_failed_seconds,
+        reload_timeout_seconds=settings.triton.load_timeout_seconds,
     )
     actuator.listen(asyncio.get_running_loop())
     stack.push_async_callback(actuator.close)

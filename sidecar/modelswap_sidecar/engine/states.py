@@ -35,7 +35,10 @@ S = EngineState
 
 #: Legal transitions; everything else is a bug (asserted by the engine).
 TRANSITIONS: dict[EngineState, frozenset[EngineState]] = {
-    S.LOADING: frozenset({S.RESIDENT, S.LOADING, S.SWAPPED_OUT, S.FAILED, S.DELETING, S.DROPPED}),
+    # DRAINING: a swap-out of a dropped model swapped in whose reload has not committed
+    S.LOADING: frozenset(
+        {S.RESIDENT, S.LOADING, S.SWAPPED_OUT, S.FAILED, S.DELETING, S.DROPPED, S.DRAINING}
+    ),
     S.RESIDENT: frozenset({S.DRAINING, S.SWAPPED_OUT, S.LOADING, S.DELETING, S.FAILED}),
     S.DRAINING: frozenset({S.QUIESCED, S.RESIDENT, S.SWAPPED_OUT, S.LOADING}),
     S.QUIESCED: frozenset({S.SAVING, S.UNMAPPED, S.RESIDENT, S.SWAPPED_OUT, S.LOADING}),

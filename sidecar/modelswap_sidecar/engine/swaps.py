@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 S = EngineState
 
 
+def awaiting_reload(m: ModelRecord) -> bool:
+    """LOADING with every live instance mapped: a dropped (or failed) model swapped in,
+    fresh memory mapped, its weights loaded from the source by the runtime's next request
+    and committed then. Nothing is committed yet, so a swap-out drops it and loses nothing."""
+    live = m.live_instances()
+    return m.state is S.LOADING and bool(live) and all(i.mapped for i in live)
+
+
 class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
     """A committed host copy cannot be opened: unrecoverable for this model (→ FAILED)."""
 
@@ -120,7 +128,7 @@ class Swapper:
             if v is m or v.config.gpu != m.config.gpu:
                 continue
             with v.lock:
-                if v.state is S.RESIDENT:
+                if v.state is S.RESIDENT or awaiting_reload(v):
                     try:
                         self.swap_out_locked(v, reason=f"making room for {m.name}", cause=MAKE_ROOM)
                     except ClientFailed as ex:
@@ -138,13 +146,16 @@ class Swapper:
         """`cause`: the swap-out's cause in its `SwapEvent` (default: `reason`)."""
         if m.state is S.SWAPPED_OUT:
             return
-        if m.state is not S.RESIDENT:
+        reloading = awaiting_reload(m)
+        if m.state is not S.RESIDENT and not reloading:
             raise WrongState(f"model {m.name} is {m.state}, not Resident")
+        before = m.state
         started = time.perf_counter()
         live = [i for i in m.live_instances() if i.mapped]
         m.epoch += 1
         self.table.set_state(m, S.DRAINING, reason or "swap-out requested")
-        drop = m.config.on_swap_out is SwapOutMode.DROP
+        # a model mapped afresh and not committed yet holds nothing worth keeping: dropped
+        drop = m.config.on_swap_out is SwapOutMode.DROP or reloading
         # a dropped model is reloaded from its source: its KV is never worth saving
         kv_mode = KvMode.DISCARD if drop else m.config.kv_mode
         stagings: list[tuple[RegionRecord, Staging]] = []
@@ -194,7 +205,7 @@ class Swapper:
                 Op.RESUME,
                 bodies={i.name: {"state": "resident"} for i in m.instances.values()},
             )
-            self.table.set_state(m, S.RESIDENT, f"swap-out rolled back: {ex}")
+            self.table.set_state(m, before, f"swap-out rolled back: {ex}")
             if isinstance(ex, ClientFailed | RemoteError | OSError):
                 raise ClientFailed(f"swap-out of {m.name} rolled back: {ex}") from ex
             raise

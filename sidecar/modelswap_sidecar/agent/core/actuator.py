@@ -41,6 +41,7 @@ from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import NodeView, Residency
+from modelswap_sidecar.triton.errors import TritonError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ ADMISSION_WAIT_SECONDS = 30.0
 #: The longest a waiter sleeps between looks when nothing is signalled (a safety net: every
 #: swap, load and unload signals `changed`).
 _LOOK_AGAIN_SECONDS = 1.0
+#: Reason of a dropped model dropped again because no request loaded its weights in time.
+RELOAD_TIMED_OUT = "ReloadTimedOut"
 #: A GPU's host-to-device bandwidth for scoring when its link was not measured.
 UNMEASURED_LINK_BYTES_PER_SECOND = 10e9
 
@@ -79,6 +82,7 @@ class Actuator:
         records: dict[str, AgentModel] | None = None,
         links: Sequence[Link] = (),
         retry_failed_seconds: float = 60.0,
+        reload_timeout_seconds: float = 600.0,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
     ) -> None:
@@ -94,6 +98,9 @@ class Actuator:
         self.records: dict[str, AgentModel] = {} if records is None else records
         #: How long a failed load waits before the next try (same generation).
         self.retry_failed_seconds = retry_failed_seconds
+        #: How long a dropped model swapped in may wait for the request that loads its
+        #: weights before it is dropped again (`end_stalled_reloads`).
+        self.reload_timeout_seconds = reload_timeout_seconds
         #: per GPU ordinal: what the policy scores a swap-in's cost with
         self.link_bytes_per_second = tuple(
             link_bytes_per_second(links[i] if i < len(links) else None)
@@ -101,6 +108,11 @@ class Actuator:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The node view one `reconcile` pass places against: made at its first placement
+        #: and again after each load it starts (a deferral changes nothing in it), so a pass
+        #: over n waiting models builds one view, not n (each is O(n): 500 deferred models
+        #: took seconds of the event loop per pass).
+        self._placing: NodeView | None = None
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -151,6 +163,8 @@ class Actuator:
         if event.kind is SwapKind.IN:
             model.swap_ins += 1
             model.resident_since_seconds = self.clock()
+            if model.reason == RELOAD_TIMED_OUT:
+                model.reason, model.message = model.loaded_reason()
             if self.metrics is not None and gpu is not None:
                 self.metrics.observe_swap_in(
                     labels_of(model), gpu, event.seconds, model.weights_bytes
@@ -241,9 +255,11 @@ class Actuator:
         except UnknownModel:
             return list(self.gpu_uuids)
 
-    def try_place(self, model: AgentModel, *, fenced: bool = False) -> Placement | Deferral:
+    def try_place(
+        self, model: AgentModel, *, fenced: bool = False, view: NodeView | None = None
+    ) -> Placement | Deferral:
         """Where `model` can load now, or why not. `fenced`: the control service's fencing
-        holds (nothing new is loaded)."""
+        holds (nothing new is loaded); `view`: the node as it is now, when the caller has it."""
         now = self.clock()
         if fenced:
             return Deferral(
@@ -252,7 +268,8 @@ class Actuator:
                 "period; nothing new is loaded",
             )
         candidate = model_view(model, Residency.SWAPPED_OUT, self.candidate_gpus(model)[0], now)
-        return place(self.view(), candidate, self.candidate_gpus(model), now, self.policy.settings)
+        node = view if view is not None else self.view()
+        return place(node, candidate, self.candidate_gpus(model), now, self.policy.settings)
 
     def start_load(self, model: AgentModel, placement: Placement) -> None:
         model.gpu = self.ordinal_of(placement.gpu)
@@ -293,13 +310,15 @@ class Actuator:
             model.gpu,
         )
 
-    def reconcile(self, *, fenced: bool = False) -> None:
+    def reconcile(self, *, fenced: bool = False, order: Sequence[AgentModel] = ()) -> None:
         """Place every desired model that waits for a place (pending, deferred, failed and
-        due for a retry); while `fenced`, each is deferred instead."""
+        due for a retry), those in `order` first and in that order; while `fenced`, each
+        is deferred instead."""
         now = self.clock()
-        each_record(
-            self.records.values(), "place", lambda model: self._reconcile(model, now, fenced)
-        )
+        self._placing = None  # this pass's view, made at its first placement
+        first = {m.uid for m in order}
+        models = [*order, *(m for m in self.records.values() if m.uid not in first)]
+        each_record(models, "place", lambda model: self._reconcile(model, now, fenced))
 
     def _reconcile(self, model: AgentModel, now: float, fenced: bool) -> None:
         if not model.desired or self.busy(model.uid):
@@ -310,8 +329,11 @@ class Actuator:
                 return
         elif model.serving not in (Serving.PENDING, Serving.DEFERRED):
             return
-        decision = self.try_place(model, fenced=fenced)
+        if self._placing is None:
+            self._placing = self.view()
+        decision = self.try_place(model, fenced=fenced, view=self._placing)
         if isinstance(decision, Placement):
+            self._placing = None  # the load claims HBM: the next placement sees it
             self.start_load(model, decision)
         else:
             model.serving = Serving.DEFERRED
@@ -353,7 +375,8 @@ class Actuator:
             )
             self.notify()
         else:
-            if self.engine_state(model) is not EngineState.RESIDENT:
+            # LOADING: a dropped model swapped in, awaiting its next request (dropped again)
+            if self.engine_state(model) not in (EngineState.RESIDENT, EngineState.LOADING):
                 return ActionResult(
                     uid=model.uid, outcome="unchanged", reason=str(self.engine_state(model))
                 )
@@ -468,23 +491,121 @@ class Actuator:
             if self.metrics is not None:
                 self.metrics.forget_model(labels_of(model))
 
-    # -- after a Triton restart ----------------------------------------------------------------
+    # -- stalled reloads --------------------------------------------------------------------
+
+    def end_stalled_reloads(self) -> int:
+        """Drop again every dropped model swapped in (fresh memory mapped) whose weights no
+        request has loaded for `reload_timeout_seconds`: a request that fails before the
+        model runs (a wrong input name) loads nothing. The number started."""
+        now = self.clock()
+        return sum(
+            each_record(
+                self.records.values(), "end a stalled reload of", lambda m: self._stalled(m, now)
+            )
+        )
+
+    def _stalled(self, model: AgentModel, now: float) -> int:
+        since = model.resident_since_seconds
+        if (
+            model.serving is not Serving.LOADED
+            or not model.attaches
+            or since is None
+            or now - since < self.reload_timeout_seconds
+            or self.busy(model.uid)
+            or self.engine_state(model) is not EngineState.LOADING
+            or self._instances(model) == 0
+        ):
+            return 0
+        self.spawn(self._drop_stalled(model), f"drop-stalled-{model.uid}")
+        return 1
+
+    async def _drop_stalled(self, model: AgentModel) -> None:
+        before = model.reason, model.message
+        # set first: the status shows the engine's Dropped as soon as the swap-out ends
+        model.reason = RELOAD_TIMED_OUT
+        model.message = (
+            f"swapped in after a drop, but no request loaded its weights within "
+            f"{self.reload_timeout_seconds:g} s (triton.loadTimeoutSeconds; a request that "
+            "fails before the model runs, such as one with a wrong input name, loads "
+            "nothing): dropped again, its memory released; the next request reloads it"
+        )
+        result = await self.swap_out(model, reason=RELOAD_TIMED_OUT)
+        if result.outcome != "completed":
+            model.reason, model.message = before
+            log.info("model %s: stalled reload not ended: %s", model.uid, result.reason)
+            return
+        log.warning("model %s: %s", model.uid, model.message)
+
+    def _instances(self, model: AgentModel) -> int:
+        try:
+            return self.engine.status(model.triton_name).instances
+        except UnknownModel:
+            return 0
+
+    # -- model processes gone: a Triton restart, a process killed --------------------------
+
+    def reload_gone(self) -> int:
+        """Load again every loaded model whose runtime processes are all gone (killed, or
+        crashed): the engine saw their sockets close and kept the host copies. Call only
+        while Triton answers. The number marked."""
+        return sum(each_record(self.records.values(), "reload", self._reload_if_gone))
+
+    def _reload_if_gone(self, model: AgentModel) -> int:
+        if (
+            model.serving is not Serving.LOADED
+            or not model.attaches
+            or self.busy(model.uid)
+            or self.engine_state(model) is None
+            or self._instances(model) > 0
+        ):
+            return 0
+        why = f"its runtime process exited: {self._engine_reason(model)}"
+        self.spawn(self._unload_gone(model, why), f"unload-gone-{model.uid}")
+        return 1
+
+    async def _unload_gone(self, model: AgentModel, why: str) -> None:
+        """Out of Triton first (it would take a load of a model it still lists as a no-op,
+        its dead process unreplaced), then pending: placed and loaded again."""
+        async with self.lock_of(model.uid):
+            if model.serving is not Serving.LOADED:
+                return
+            try:
+                await self.loader.unload(model, release_source=False)
+            except TritonError as e:
+                log.warning("model %s: unloading its dead runtime failed: %s", model.uid, e)
+            self._mark_for_reload(model, "ProcessExited", why)
+        self.notify()
+
+    def _engine_reason(self, model: AgentModel) -> str:
+        try:
+            return self.engine.status(model.triton_name).reason
+        except UnknownModel:
+            return ""
 
     def reload_all(self) -> int:
-        """Load again every model Triton served (from the host store; stubs restore)."""
-        return sum(each_record(self.records.values(), "reload", self._reload_one))
+        """Triton restarted: load again every model it served (from the host store; stubs
+        restore), placed one by one as the HBM budget allows (`reconcile`: the policy picks
+        victims, the rest wait and are placed on later ticks). The number marked."""
+        order = self._reload_order()
+        marked = sum(each_record(order, "reload", self._reload_one))
+        self.reconcile(order=order)
+        return marked
+
+    def _reload_order(self) -> list[AgentModel]:
+        """Models that were swapped out first, those that were resident last: each load
+        maps the model (its attach restores it), and the last ones placed stay resident."""
+        return sorted(self.records.values(), key=lambda m: m.resident_since_seconds is not None)
 
     def _reload_one(self, model: AgentModel) -> int:
-        if model.desired and model.serving in (Serving.LOADED, Serving.LOADING):
-            model.serving = Serving.LOADING
-            model.reason, model.message = "Reloading", "Triton restarted"
-            self.spawn(self._reload(model), f"reload-{model.uid}")
-            return 1
         if model.serving is Serving.FAILED:
             model.failed_at_seconds = None  # it may have failed against the dead Triton
+        if model.desired and model.serving is Serving.LOADED and not self.busy(model.uid):
+            return self._mark_for_reload(model, "Reloading", "Triton restarted")
         return 0
 
-    async def _reload(self, model: AgentModel) -> None:
-        async with self.lock_of(model.uid):
-            if model.desired and model.serving is Serving.LOADING:
-                await self._load_locked(model)
+    def _mark_for_reload(self, model: AgentModel, reason: str, message: str) -> int:
+        """Pending again (not charged to any GPU): the policy loop places and loads it."""
+        model.serving = Serving.PENDING
+        model.reason, model.message = reason, f"{message}; loading it again from the host store"
+        model.resident_since_seconds = None
+        return 1

@@ -8,6 +8,11 @@ Policy loop (every `interval_seconds`):
 3. place and load what waits (pending, deferred, failed and due for a retry), unless the
    control service's fencing holds (`may_load_new`): then each is deferred, `Fenced`.
 
+Before those, while Triton answers: a loaded model whose runtime processes have all exited
+(killed, crashed) is made pending again, so step 3 loads it again (its stub restores from
+the host store); a dropped model swapped in whose weights no request has loaded within the
+reload timeout is dropped again (`Actuator.end_stalled_reloads`).
+
 Swaps are recorded where they happen (`Actuator._on_swap`, from the engine's events), not
 here.
 
@@ -15,7 +20,9 @@ Runtime watch (same interval): the current Triton's pid (from the pid source). A
 means Triton restarted (readiness cannot say so: with `--strict-readiness` the server is
 not ready while a model loads): its stubs are
 gone (the engine saw their sockets close and keeps every host copy), so every model it
-served is loaded again and restored from the host store.
+served is made pending and placed again, one by one as the HBM budget allows (the policy
+chooses victims; what does not fit yet waits for the next tick), each restored from the
+host store.
 """
 
 from __future__ import annotations
@@ -63,13 +70,18 @@ class PolicyLoop:
             await asyncio.sleep(self.interval_seconds)
 
     async def tick(self) -> None:
+        act = self.actuator
         try:
             stats = await self.driver.all_statistics()
         except TritonError as e:
             log.debug("no Triton statistics this tick: %s", e)
             stats = {}
+        else:  # Triton answers: a model whose processes are all gone is loaded again
+            gone = act.reload_gone()
+            if gone:
+                log.warning("loading %d model(s) again: their runtime processes exited", gone)
         self.observe_requests(stats)
-        act = self.actuator
+        act.end_stalled_reloads()
         for decision in act.policy.swap_outs(act.view()):
             model = act.records.get(decision.uid)
             if model is None or act.busy(decision.uid):
