@@ -275,7 +275,7 @@ def test_a_flood_of_unregistered_heartbeats_on_one_connection_holds_a_bounded_th
     record(
         "inputs",
         input=f"client socket: {sent} unregistered heartbeats on one connection",
-        limit="max_handlers_per_connection (4), max_waiting_requests_per_connection (16)",
+        limit="max_handlers_per_connection (4), max_waiting_requests_per_connection (256)",
         outcome=f"peak {peak} agent threads (from {threads_before}); answered "
         + ", ".join(f"{v} {k}" for k, v in sorted(answers.items()))
         + f"; the healthy model swapped out and in ({swap_seconds:.3f} s)",

@@ -41,8 +41,10 @@ class EngineSettings:
     #: threads serving one connection's requests at once (replies to the agent's own
     #: requests are read beside them, never behind a busy one)
     max_handlers_per_connection: int = 4
-    #: requests on one connection waiting for a handler; more are answered `Busy`
-    max_waiting_requests_per_connection: int = 16
+    #: requests on one connection waiting for a handler; more are answered `Busy`. Every
+    #: `in_use()` caller of a swapped-out model sends its own `swap_in` (each waits on the
+    #: first one's swap), so a runtime's concurrency per instance is allowed for
+    max_waiting_requests_per_connection: int = 256
     #: a connection that has not registered this long after it was accepted is closed
     register_timeout_seconds: float = 10.0
 
