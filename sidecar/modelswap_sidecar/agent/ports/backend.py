@@ -11,6 +11,7 @@ Loads, reloads and retries of deferred or failed entries continue in the policy 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from modelswap_api.control import (
     Outcome,
 )
 from modelswap_api.errors import PolicyError
-from modelswap_api.models import Link
+from modelswap_api.models import EffectivePolicyStatus, Link
 from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, note_fault
@@ -43,6 +44,18 @@ from modelswap_sidecar.triton.naming import triton_model_name
 log = logging.getLogger(__name__)
 
 _TAKE = "take the desired entry of"
+
+
+#: Entries taken per turn of the event loop (each costs about a millisecond or two).
+_ENTRIES_PER_TURN = 16
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_from_status(status: EffectivePolicyStatus) -> EffectivePolicy:
+    """`EffectivePolicy.from_status`, once per distinct status: its schema check costs
+    milliseconds, and the entries of one set mostly share a policy. A refusal raises each
+    time (not cached)."""
+    return EffectivePolicy.from_status(status)
 
 
 def _result(uid: str, outcome: Outcome, reason: str, message: str = "") -> EntryResult:
@@ -80,12 +93,17 @@ class AgentBackend:
     def policy_of(entry: DesiredEntry) -> EffectivePolicy:
         """The entry's effective policy as its sender merged it (the operator, from the
         cluster defaults it is configured with); PolicyError naming the field."""
-        return EffectivePolicy.from_status(entry.policy)
+        return _policy_from_status(entry.policy)
 
     # -- NodeBackend ---------------------------------------------------------------------------
 
     async def converge(self, entries: Sequence[DesiredEntry]) -> Sequence[EntryResult]:
-        results = [await self._take_guarded(entry) for entry in entries]
+        results = []
+        for i, entry in enumerate(entries):
+            results.append(await self._take_guarded(entry))
+            if i % _ENTRIES_PER_TURN == _ENTRIES_PER_TURN - 1:
+                # the gateway and the control API answer between slices of a large set
+                await asyncio.sleep(0)
         self.knowledge.pushed()
         await asyncio.to_thread(
             save_entries, self.desired_file, [m.entry for m in self.records.values() if m.desired]
