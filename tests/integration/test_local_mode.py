@@ -305,3 +305,27 @@ def test_ready_means_the_folder_s_models_are_known_and_no_request_is_404_meanwhi
             assert not [a for a in later if a[2] == "ModelNotKnownYet"], answers
         gone = httpx.post(f"{url}/v2/models/gpt/infer", json=body, timeout=10, trust_env=False)
         assert gone.status_code == 404, gone.text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_removed_file_s_model_is_unloaded_and_no_longer_listed(tmp_path: Path) -> None:
+    with local_mode(tmp_path, {"classify.yaml": CLASSIFY}) as local:
+        wait_for(
+            lambda: local.phase("classify") == "Resident",
+            timeout_seconds=90,
+            what="classify to load",
+        )
+        (local.folder / "classify.yaml").unlink()
+        wait_for(
+            lambda: "classify" not in local.models(),
+            timeout_seconds=60,
+            what="classify to be forgotten",
+        )
+        gone = httpx.post(
+            f"{local.state['gatewayUrl']}/v2/models/classify/infer",
+            json=mlp_infer_body(mlp_input(1)),
+            timeout=10,
+            trust_env=False,
+        )
+        assert gone.status_code == 404, gone.text
