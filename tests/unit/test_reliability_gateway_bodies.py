@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.gateway_fakes import until
 from tests.support.gateway_world import GatewayWorld
 from tests.support.reliability import record
+from tests.support.waiting import until_on_loop
 from tests.unit.test_gateway_v2 import World, infer_body, world
 
 HOST = {"Host": "llama.team-a.svc"}
@@ -62,7 +62,7 @@ async def healthy_model_probe(w: GatewayWorld) -> AsyncIterator[list[float]]:
 
     task = asyncio.create_task(probe())
     try:
-        await until(lambda: latencies or task.done(), "the healthy model's first answer")
+        await until_on_loop(lambda: latencies or task.done(), "the healthy model's first answer")
         yield latencies
     finally:
         task.cancel()
