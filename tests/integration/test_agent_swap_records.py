@@ -276,3 +276,27 @@ async def test_a_client_swap_in_the_policy_refuses_is_refused(world_factory: Any
     answer = await asyncio.to_thread(w.clients[cold.uid].call, cmd="hash", tag="w")
     assert answer["ok"] is True, answer
     assert cold.swap_ins == 1
+
+
+async def test_cold_models_swapped_in_at_once_each_get_room(world_factory: Any) -> None:
+    """One model resident, room for one more, two cold models asked for at the same moment
+    (a burst reaching two cold models): both must be admitted against what the other takes —
+    the second makes room by swapping the resident one out — and neither is refused."""
+    w: World = world_factory(20)  # room for two of the three 8 MiB models
+    loose = {"idleAfter": "never", "minResident": "0s"}
+    for uid in UIDS:
+        if len(w.actuator.records) == 2:
+            await w.actuator.swap_out(w.actuator.records[UIDS[0]], reason="Manual")
+        w.model(uid, 8, loose)
+    resident, *cold = (w.actuator.records[uid] for uid in UIDS)
+    await w.actuator.swap_in(resident)
+    for model in cold:
+        await w.actuator.swap_out(model, reason="Manual")
+    results = await asyncio.gather(*(w.actuator.swap_in(model) for model in cold))
+    assert [r.outcome for r in results] == ["completed", "completed"], results
+    states = {uid: w.engine.status(triton_model_name(uid)).state for uid in UIDS}
+    assert states == {
+        UIDS[0]: EngineState.SWAPPED_OUT,
+        UIDS[1]: EngineState.RESIDENT,
+        UIDS[2]: EngineState.RESIDENT,
+    }

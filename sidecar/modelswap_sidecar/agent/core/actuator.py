@@ -107,6 +107,7 @@ class Actuator:
             for i in range(len(gpu_uuids))
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        self._admitting: dict[int, asyncio.Lock] = {}  # per GPU ordinal: see `swap_in`
         self._tasks: set[asyncio.Task[None]] = set()
         #: The node view one `reconcile` pass places against: made at its first placement
         #: and again after each load it starts (a deferral changes nothing in it), so a pass
@@ -394,10 +395,26 @@ class Actuator:
         return max(self.clock() - max(marks), 0.0) if marks else 0.0
 
     async def swap_in(self, model: AgentModel) -> ActionResult:
-        async with self.lock_of(model.uid):
-            return await self._swap_in(model)
+        """Admit (the policy's victims, or wait while bytes are under way) and swap in.
 
-    async def _swap_in(self, model: AgentModel) -> ActionResult:
+        Admission and the swap it admits are one step per GPU (`_admission_lock`, taken
+        before the model's own lock): a second swap-in admitted while the first one's bytes
+        are not yet charged would be granted the same free bytes, or the same victim, and
+        the engine would refuse it. Waits happen with both locks released."""
+        deadline = self.clock() + ADMISSION_WAIT_SECONDS
+        while True:
+            async with self._admission_lock(model), self.lock_of(model.uid):
+                result = await self._swap_in(model, may_wait=self.clock() < deadline)
+            if result is not None:
+                return result
+            await self.changed(deadline - self.clock())  # a swap-out or load finished
+
+    def _admission_lock(self, model: AgentModel) -> asyncio.Lock:
+        gpu = model.gpu if model.gpu is not None else -1
+        return self._admitting.setdefault(gpu, asyncio.Lock())
+
+    async def _swap_in(self, model: AgentModel, *, may_wait: bool) -> ActionResult | None:
+        """One admission and what it admits; None: the policy says wait, and time is left."""
         if model.serving not in (Serving.LOADED, Serving.DROPPED):
             return ActionResult(
                 uid=model.uid,
@@ -405,12 +422,9 @@ class Actuator:
                 reason="NotLoaded",
                 message=f"the model is {model.serving}: {model.message}".rstrip(": "),
             )
-        deadline = self.clock() + ADMISSION_WAIT_SECONDS
-        while True:
-            admission = self.policy.admit(self.view(), model.uid)
-            if admission.outcome is not AdmissionOutcome.WAIT or self.clock() >= deadline:
-                break
-            await self.changed(deadline - self.clock())  # a swap-out or load finished
+        admission = self.policy.admit(self.view(), model.uid)
+        if admission.outcome is AdmissionOutcome.WAIT and may_wait:
+            return None
         if admission.reason == "AlreadyResident":
             return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
         if admission.outcome is not AdmissionOutcome.ADMIT:
