@@ -181,6 +181,9 @@ _BROKEN = st.one_of(
 
 @st.composite
 def _mutation(draw: st.DrawFn, value: JsonValue) -> JsonValue:
+    # Copies throughout: `_BROKEN`'s `st.just` values are one object shared by every
+    # example, and a later step writing into one would change the strategy itself
+    # (hypothesis then fails the test with "Inconsistent data generation").
     value = copy.deepcopy(value)
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(value)
@@ -190,9 +193,9 @@ def _mutation(draw: st.DrawFn, value: JsonValue) -> JsonValue:
             value = _remove(value, path)
         elif how == "unknown" and isinstance(_at(value, path), dict):
             key = draw(st.sampled_from(["unknownField", "x-extra", "", "spec", "$ref"]))
-            _at(value, path)[key] = draw(_BROKEN)
+            _at(value, path)[key] = copy.deepcopy(draw(_BROKEN))
         else:
-            value = _set(value, path, draw(_BROKEN))
+            value = _set(value, path, copy.deepcopy(draw(_BROKEN)))
     return value
 
 
