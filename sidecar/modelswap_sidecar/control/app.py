@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-import json
 import logging
-import math
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -36,6 +34,7 @@ from modelswap_api.control import (
     parse_desired_set,
 )
 from modelswap_api.errors import ModelError, ResourceError
+from modelswap_api.json_input import JsonInputError, loads_bounded
 from modelswap_sidecar.control.auth import TokenFile, Verdict
 from modelswap_sidecar.control.errors import (
     RefusedError,
@@ -176,51 +175,14 @@ async def _authenticate(request: web.Request, handler: Handler) -> web.StreamRes
 # --- handlers --------------------------------------------------------------------------------
 
 
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number out of range: {text[:32]}")
-    return value
-
-
 def decode_body(raw: bytes) -> object:
     """The body's JSON; ModelError (a 400) when it is not UTF-8, not JSON, nested deeper
     than `MAX_BODY_DEPTH` or holds a non-finite number. The body's size is bounded before
     (`client_max_size`, 413)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ModelError("", f"the body is not UTF-8 (byte {e.start} is not valid UTF-8)") from e
-    try:
-        data = json.loads(text, parse_float=_finite_float, parse_constant=_refuse_constant)
-    except RecursionError as e:
-        raise ModelError("", f"the body is nested deeper than {MAX_BODY_DEPTH} levels") from e
-    except ValueError as e:
-        raise ModelError("", f"the body is not JSON: {str(e)[:200]}") from e
-    if _depth_exceeds(data, MAX_BODY_DEPTH):
-        raise ModelError("", f"the body is nested deeper than {MAX_BODY_DEPTH} levels")
-    return data
-
-
-def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether `value` nests deeper than `limit` (iterative: no recursion to run out of)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: list[object] = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+        return loads_bounded(raw, MAX_BODY_DEPTH)
+    except JsonInputError as e:
+        raise ModelError("", str(e)) from e
 
 
 async def _read_body(request: web.Request) -> bytes:

@@ -26,13 +26,12 @@ answers, naming the limit:
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import zlib
 from typing import Any
 
 from aiohttp import web
 
+from modelswap_api.json_input import JsonInputError, loads_bounded
 from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError
 
 #: Decoded bytes produced by one inflating step before the event loop gets a turn.
@@ -142,47 +141,10 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_seconds: fl
     return bytes(out)
 
 
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number out of range: {text[:32]}")
-    return value
-
-
 def decode_json(body: bytes) -> Any:
     """The body's JSON; BadRequestError when it is not UTF-8, not JSON, nested deeper than
     `MAX_JSON_DEPTH` or holds a non-finite number."""
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequestError(f"the body is not UTF-8 (byte {e.start} is not valid)") from e
-    try:
-        data = json.loads(text, parse_float=_finite_float, parse_constant=_refuse_constant)
-    except RecursionError as e:
-        raise BadRequestError(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from e
-    except ValueError as e:
-        raise BadRequestError(f"the body is not JSON: {str(e)[:200]}") from e
-    if _depth_exceeds(data, MAX_JSON_DEPTH):
-        raise BadRequestError(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
-    return data
-
-
-def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether `value` nests deeper than `limit` (iterative: no recursion to run out of)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: list[object] = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+        return loads_bounded(body, MAX_JSON_DEPTH)
+    except JsonInputError as e:
+        raise BadRequestError(str(e)) from e
