@@ -72,6 +72,7 @@ from tests.support.chart_world import (
 )
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT
+from tests.support.supervisor_state import read_state
 
 NODE_DOCKERFILE = REPO_ROOT / "images" / "node.Dockerfile"
 TRITON_BIN = REPO_ROOT / ".venv-triton" / "bin"
@@ -312,14 +313,7 @@ class NodePod:
         return Path(self.node_settings["stateFile"])
 
     def state(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        for child in data.get("children", {}).values():
-            if child.get("pid"):
-                self.pgids.add(child["pid"])  # each child leads its own group
-        return data
+        return read_state(self.state_file, self.pgids)
 
     def child(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.state().get("children", {}).get(name, {})

@@ -14,6 +14,19 @@ from typing import Any
 from modelswap_sidecar.triton.process import remove_shm_regions
 
 
+def read_state(state_file: Path, pgids: set[int]) -> dict[str, Any]:
+    """The supervisor's state file ({} until it is written); the pid of every child it
+    reports joins `pgids` (each child leads its own process group)."""
+    try:
+        data: dict[str, Any] = json.loads(state_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    for child in data.get("children", {}).values():
+        if child.get("pid"):
+            pgids.add(child["pid"])
+    return data
+
+
 class SupervisorHandle:
     """Base of the tests' node handles; a subclass starts `proc` (in its own session)."""
 
@@ -24,14 +37,7 @@ class SupervisorHandle:
         self.pgids: set[int] = set()
 
     def state(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        for child in data.get("children", {}).values():
-            if child.get("pid"):
-                self.pgids.add(child["pid"])  # each child leads its own group
-        return data
+        return read_state(self.state_file, self.pgids)
 
     def child(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.state().get("children", {}).get(name, {})
