@@ -10,7 +10,12 @@ from typing import Any
 
 
 class JsonInputError(ValueError):
-    """The body is not JSON this node takes; `str(e)` says why, for the client."""
+    """The body is not JSON this node takes; `str(e)` says why, for the client, and `path`
+    names where in the body (`entries[1].spec.model`), or is "" for the body as a whole."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def finite_float(text: str) -> float:
@@ -37,23 +42,27 @@ def loads_bounded(raw: bytes, max_depth: int) -> Any:
         raise JsonInputError(f"the body is nested deeper than {max_depth} levels") from e
     except ValueError as e:
         raise JsonInputError(f"the body is not JSON: {str(e)[:200]}") from e
-    if _depth_exceeds(data, max_depth):
-        raise JsonInputError(f"the body is nested deeper than {max_depth} levels")
+    too_deep = _first_too_deep(data, max_depth)
+    if too_deep is not None:
+        raise JsonInputError(
+            f"{too_deep or 'the body'} is nested deeper than {max_depth} levels", too_deep
+        )
     return data
 
 
-def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether `value` nests deeper than `limit` (iterative: no recursion to run out of)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
+def _first_too_deep(value: object, limit: int) -> str | None:
+    """The path of the first object or array nested deeper than `limit` ("" for the body
+    itself), or None when none is (iterative: no recursion to run out of)."""
+    stack: list[tuple[object, int, str]] = [(value, 1, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
         if isinstance(item, dict):
-            children: list[object] = list(item.values())
+            children = [(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]
         elif isinstance(item, list):
-            children = item
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(item)]
         else:
             continue
         if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+            return path
+        stack.extend((child, depth + 1, child_path) for child, child_path in reversed(children))
+    return None

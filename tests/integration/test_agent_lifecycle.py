@@ -5,15 +5,10 @@ bad sources reported with the field while other models keep serving."""
 from __future__ import annotations
 
 import hashlib
-import http.server
-import io
 import json
 import shutil
-import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -31,6 +26,7 @@ from tests.support.agent_harness import (
     new_uid,
     node,
 )
+from tests.support.origin import Files, mlp_archive, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 
@@ -104,51 +100,17 @@ async def test_same_name_in_two_namespaces_side_by_side(tmp_path: Path) -> None:
             assert np.allclose(answer.output, reference.mlp_forward(x), atol=1e-5)
 
 
-class _Files(http.server.BaseHTTPRequestHandler):
-    files: ClassVar[dict[str, bytes]] = {}
-    #: The Authorization header of every request, in order.
-    authorizations: ClassVar[list[str | None]] = []
-
-    def do_GET(self) -> None:
-        self.authorizations.append(self.headers.get("Authorization"))
-        body = self.files.get(self.path)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def file_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-def _mlp_archive() -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(EXAMPLES / "mlp", arcname="mlp")
-    return buffer.getvalue()
+    with served(Files) as url:
+        yield url
 
 
 async def test_bad_sources_name_the_field_and_leave_others_serving(
     tmp_path: Path, file_server: str
 ) -> None:
-    archive = _mlp_archive()
-    _Files.files = {"/mlp.tar.gz": archive, "/huge.tar.gz": b"\0" * (2 * MIB)}
+    archive = mlp_archive()
+    Files.files = {"/mlp.tar.gz": archive, "/huge.tar.gz": b"\0" * (2 * MIB)}
     async with node(tmp_path) as n:
         _triton, _agent, control, models = n.parts()
         good, fetched, missing, digest, huge = (new_uid() for _ in range(5))
@@ -240,8 +202,8 @@ async def test_a_credential_is_trimmed_and_no_secret_is_ever_shown(
 ) -> None:
     """Issue 12, finding 4: a token read from a file ending in a newline was echoed into the
     model's status message and the log (`Illegal header value b'Bearer …\\n'`)."""
-    _Files.files = {"/mlp.tar.gz": _mlp_archive()}
-    _Files.authorizations = []
+    Files.files = {"/mlp.tar.gz": mlp_archive()}
+    Files.authorizations = []
     async with node(tmp_path) as n:
         _triton, agent, control, models = n.parts()
         good, bad = new_uid(), new_uid()
@@ -253,7 +215,7 @@ async def test_a_credential_is_trimmed_and_no_secret_is_ever_shown(
         ]  # fmt: skip
         await control.desired(entries)
         await control.wait_state(good, "Resident")
-        assert _Files.authorizations == ["Bearer s3cret-token"]  # trimmed, sent once
+        assert Files.authorizations == ["Bearer s3cret-token"]  # trimmed, sent once
 
         async def failed() -> dict[str, str] | None:
             info = await control.model(bad)

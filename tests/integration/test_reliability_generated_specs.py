@@ -199,12 +199,6 @@ def snapshot(http: httpx.Client) -> tuple[Any, Any]:
     return node["revision"], healthy.json() if healthy.status_code == 200 else healthy.status_code
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 12, open: fails only inside the full `make test` run — once hypothesis "
-    "'Inconsistent data generation', once a spec nested past the control API's 32 levels "
-    "refused with no field named (`field: ''`)",
-)
 @given(spec=SPECS)
 @EXAMPLES
 def test_the_control_api_accepts_or_names_the_field_and_a_refusal_changes_nothing(

@@ -8,8 +8,12 @@ API also refuses missing and wrong tokens without changing anything."""
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -18,9 +22,13 @@ import pytest
 from examples.models import reference
 from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import free_loopback_port
-from tests.integration.test_agent_lifecycle import _Files, _mlp_archive, file_server
+from tests.integration.test_agent_lifecycle import file_server
+from tests.integration.test_operator import ready
 from tests.support.agent_harness import TOKEN, AgentConfig, entry, new_uid, node
+from tests.support.operator_world import Objects, agents, emulator, operator
+from tests.support.origin import Files, mlp_archive, served
 from tests.support.reliability import record
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio, pytest.mark.timeout(300)]
 __all__ = ["file_server"]  # a fixture, used by name
@@ -38,8 +46,8 @@ def readable_text(root: Path) -> dict[str, str]:
 async def test_a_planted_credential_and_the_control_token_appear_nowhere(
     tmp_path: Path, file_server: str
 ) -> None:
-    _Files.files = {"/mlp.tar.gz": _mlp_archive()}
-    _Files.authorizations = []
+    Files.files = {"/mlp.tar.gz": mlp_archive()}
+    Files.authorizations = []
     gateway_port = free_loopback_port()
     config = AgentConfig(extra={"gateway": {"host": "127.0.0.1", "port": gateway_port}})
     async with node(tmp_path, config) as n:
@@ -48,7 +56,7 @@ async def test_a_planted_credential_and_the_control_token_appear_nowhere(
         mlp = entry(uid, name="secretive", source={"uri": f"{file_server}/mlp.tar.gz"})
         await control.desired([{**mlp, "credentials": {"bearerToken": PLANTED + "\n"}}])
         await control.wait_state(uid, "Resident")
-        assert _Files.authorizations == [f"Bearer {PLANTED}"]  # it was used, once
+        assert Files.authorizations == [f"Bearer {PLANTED}"]  # it was used, once
         x = reference.mlp_input(3)
         assert np.allclose((await models.mlp(uid, x)).output, reference.mlp_forward(x), atol=1e-5)
 
@@ -118,3 +126,109 @@ async def test_the_control_api_refuses_missing_and_wrong_tokens_and_nothing_chan
                        outcome=f"{statuses[0]} on DELETE, swap-out, PUT and GET")  # fmt: skip
         after = (await control.client.get(f"/v1/models/{uid}")).json()
         assert (after["state"], after["swapOuts"]) == (before["state"], before["swapOuts"])
+
+
+# --- through the operator: Secrets, Events and status -------------------------------------------
+
+
+class _Guarded(Files):
+    """The archive only for the planted credential; 401 (naming nothing) otherwise."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server names it
+        if self.headers.get("Authorization") != f"Bearer {PLANTED}":
+            self.authorizations.append("refused")
+            self.send_error(401)
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def guarded_server() -> Iterator[str]:
+    with served(_Guarded) as url:
+        yield url
+
+
+def source_secret(name: str, authorization: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": {"authorization": base64.b64encode(authorization.encode()).decode()}}  # fmt: skip
+
+
+def protected_model(name: str, url: str, secret: str) -> dict[str, Any]:
+    return {"apiVersion": "modelswap.io/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"model": {"name": "mlp", "weightsBytes": "32Mi",
+                               "source": {"uri": f"{url}/mlp.tar.gz",
+                                          "credentialsSecretRef": {"name": secret}}}}}  # fmt: skip
+
+
+def conditions(objects: Objects, name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = ((objects.get(name) or {}).get("status") or {}).get(
+        "conditions"
+    ) or []
+    return found
+
+
+@pytest.mark.timeout(300)
+async def test_secrets_read_by_the_operator_appear_in_no_event_status_or_log(
+    tmp_path: Path, guarded_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Credentials the operator reads from Secrets — the right one (ending in a newline),
+    a wrong one the origin refuses, one spanning two lines — never reach an Event, a
+    ModelDeployment's or SwapNode's status, the operator's log or the agent's."""
+    Files.files = {"/mlp.tar.gz": mlp_archive()}
+    Files.authorizations = []
+    caplog.set_level(logging.DEBUG)
+    with emulator() as api:
+        objects = Objects(api)
+        for body in (
+            source_secret("right", f"Bearer {PLANTED}\n"),
+            source_secret("wrong", f"Bearer {PLANTED}-wrong"),
+            source_secret("two-lines", f"Bearer {PLANTED}\nX-Planted: {PLANTED}"),
+        ):
+            api.create(body)
+        async with agents(api, tmp_path, names=("node-a",)) as nodes:
+            with operator(api):
+                for name in ("right", "wrong", "two-lines"):
+                    objects.apply(protected_model(f"from-{name}", guarded_server, name))
+                await until(lambda: ready(objects, "from-right"), "from-right Ready")
+                refused = await until(
+                    lambda: (
+                        objects.condition("from-wrong", "Loaded").get("status") == "False"
+                        and objects.condition("from-wrong", "Loaded")
+                    ),
+                    "from-wrong not loaded",
+                )
+                assert "401" in refused["message"], refused
+                two_lines = await until(
+                    lambda: next(
+                        (c for c in conditions(objects, "from-two-lines")
+                         if c.get("reason") == "CredentialsUnavailable"),
+                        None,
+                    ),
+                    "from-two-lines refused",
+                )  # fmt: skip
+                assert "Secret 'two-lines' key 'authorization'" in two_lines["message"], two_lines
+                assert "refused" in Files.authorizations  # the wrong one was sent, and refused
+                seen = {
+                    "Events in default": json.dumps(
+                        objects.core.list_namespaced_event("default").to_dict(), default=str
+                    ),
+                    "ModelDeployments": json.dumps(
+                        [objects.get(f"from-{n}") for n in ("right", "wrong", "two-lines")]
+                    ),
+                    "SwapNodes": json.dumps(
+                        objects.custom.list_cluster_custom_object(
+                            "modelswap.io", "v1alpha1", "swapnodes"
+                        )
+                    ),
+                }
+            seen["operator log"] = "\n".join(r.getMessage() for r in caplog.records)
+            seen["agent log"] = nodes["node-a"].agent.log_path.read_text()
+        objects.close()
+    assert "from-wrong" in seen["Events in default"]  # Events were written and read
+    leaks = sorted(where for where, text in seen.items() if PLANTED in text)
+    assert leaks == [], f"a secret appears in: {leaks}"
+    for where in sorted(seen):
+        record("access", check=f"credentials from Secrets (right, wrong, two lines) in {where}",
+               outcome="absent")  # fmt: skip

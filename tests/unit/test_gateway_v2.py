@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -216,7 +217,9 @@ async def test_generate_stream_passes_events_through_renamed() -> None:
 
 
 @pytest.mark.asyncio
-async def test_an_unreachable_triton_is_a_502() -> None:
+async def test_an_unreachable_triton_is_a_503_to_send_again() -> None:
+    """Triton down (it died, the supervisor restarts it): 503 with Retry-After, so clients
+    send again, as they do for every other refusal; not a 502 they would give up on."""
     from modelswap_sidecar.triton.process import free_loopback_port
 
     directory = FakeDirectory(ALL, resident=[r.uid for r in ALL])
@@ -229,12 +232,43 @@ async def test_an_unreachable_triton_is_a_502() -> None:
             served.url + "/ns/team-a/v2/models/bert/infer", json=infer_body([1])
         ) as r:
             body = await r.json()
-        assert r.status == 502 and body["reason"] == "UpstreamUnavailable"
+        assert r.status == 503 and body["reason"] == "UpstreamUnavailable"
+        assert r.headers["Retry-After"] == "1"
         assert body["error"].startswith("Triton did not answer")
         async with http.post(
             served.url + "/ns/team-a/v1/completions", json={"model": "chat", "prompt": "x"}
         ) as r:
-            assert r.status == 502 and (await r.json())["error"]["code"] == "UpstreamUnavailable"
+            assert r.status == 503 and (await r.json())["error"]["code"] == "UpstreamUnavailable"
+            assert r.headers["Retry-After"] == "1"
+
+
+@pytest.mark.asyncio
+async def test_a_triton_that_dies_mid_answer_is_a_503_to_send_again() -> None:
+    """Triton killed while it answers: the headers and part of the body came, then the
+    connection closed. The client gets 503 UpstreamUnavailable with Retry-After."""
+
+    async def dying(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model_name\"")  # fmt: skip
+        await writer.drain()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(dying, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    directory = FakeDirectory(ALL, resident=[r.uid for r in ALL])
+    async with (
+        server,
+        served_gateway(directory, f"127.0.0.1:{port}") as served,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(
+            served.url + "/ns/team-a/v2/models/bert/infer", json=infer_body([1])
+        ) as r:
+            body = await r.json()
+        assert r.status == 503 and body["reason"] == "UpstreamUnavailable", body
+        assert r.headers["Retry-After"] == "1"
+        assert body["error"].startswith("Triton's answer broke off")
 
 
 @pytest.mark.asyncio
@@ -269,3 +303,21 @@ async def test_config_and_stats_answer_under_the_users_name_without_agent_parame
         assert status == 200 and stats["model_stats"][0]["name"] == "llama"
         assert LLAMA_A.triton_name not in raw.decode()
         assert w.directory.swap_ins[LLAMA_A.uid] == 0  # reading them wakes nothing
+
+
+@pytest.mark.asyncio
+async def test_a_thousand_clients_connecting_while_the_gateway_is_busy_all_get_in() -> None:
+    """The listen backlog holds a burst: while the event loop is busy (it accepts nothing),
+    a thousand connects all complete. With aiohttp's backlog of 128 the kernel dropped the
+    handshakes past it, and on a loaded node reset some (issue 12, the load suite)."""
+    directory = FakeDirectory(ALL, resident=[r.uid for r in ALL])
+    async with served_gateway(directory, "127.0.0.1:1") as served:
+        port = int(served.url.rsplit(":", 1)[1])
+        connected: list[socket.socket] = []
+        try:
+            for _ in range(1000):  # blocking, on the loop's own thread: nothing is accepted
+                connected.append(socket.create_connection(("127.0.0.1", port), timeout=3))
+        finally:
+            for s in connected:
+                s.close()
+        assert len(connected) == 1000

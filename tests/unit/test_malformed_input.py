@@ -19,6 +19,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from modelswap_api import wire
+from modelswap_api.json_input import JsonInputError, loads_bounded
 from modelswap_api.wire import Message, Op, Peer, ProtocolError
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.auth import TokenFile
@@ -64,7 +65,7 @@ async def control(tmp_path: Path) -> Any:
     [
         (b'{"revision": "\xff"}', "the body is not UTF-8 (byte 14 is not valid UTF-8)"),
         (DEEP, "the body is nested deeper than 32 levels"),
-        (b'{"a":' * 40 + b"1" + b"}" * 40, "the body is nested deeper than 32 levels"),
+        (b'{"a":' * 40 + b"1" + b"}" * 40, "is nested deeper than 32 levels"),
         (b'{"revision": {"term": NaN, "counter": 0}}', "NaN is not JSON"),
         (b'{"revision": {"term": 1e999, "counter": 0}}', "number out of range"),
         (b"{not json", "the body is not JSON"),
@@ -80,6 +81,17 @@ async def test_a_malformed_body_is_a_400_naming_the_problem(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     listed = await control.get("/v1/models", headers=AUTH)
     assert listed.status == 200
+
+
+def test_a_body_nested_too_deep_names_where() -> None:
+    """The refusal names the first value past the limit, so a sender finds its bad field."""
+    inner = '{"a":' * 31 + "1" + "}" * 31
+    body = f'{{"entries": [{{}}, {{"spec": {inner}}}]}}'.encode()
+    with pytest.raises(JsonInputError) as refused:
+        loads_bounded(body, 32)
+    assert refused.value.path == "entries[1].spec" + ".a" * 29
+    assert str(refused.value).startswith("entries[1].spec.a.a")
+    assert loads_bounded(b'{"entries": [{}, {"spec": {"a": 1}}]}', 32)["entries"][1]
 
 
 # -- the client socket -------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def decode_body(raw: bytes) -> object:
     try:
         return loads_bounded(raw, MAX_BODY_DEPTH)
     except JsonInputError as e:
-        raise ModelError("", str(e)) from e
+        raise ModelError(e.path, str(e)) from e
 
 
 async def _read_body(request: web.Request) -> bytes:

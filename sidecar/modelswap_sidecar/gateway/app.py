@@ -34,6 +34,11 @@ from modelswap_sidecar.gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
+#: Connections the kernel holds for the gateway before it accepts them (capped by
+#: net.core.somaxconn). aiohttp's 128 overflowed when a thousand clients connected at once:
+#: the kernel dropped their handshakes and, on a busy node, reset some of them.
+LISTEN_BACKLOG = 4096
+
 #: The status counted for a request whose client went away (nginx's convention).
 CLIENT_GONE = 499
 
@@ -84,7 +89,7 @@ async def start(app: web.Application) -> web.AppRunner:
         keepalive_timeout=settings.idle_timeout_seconds,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=LISTEN_BACKLOG)
     await site.start()
     logger.info(
         "gateway on %s:%d in front of %s", settings.host, bound_port(runner), settings.upstream_url

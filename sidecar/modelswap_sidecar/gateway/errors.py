@@ -16,7 +16,8 @@
     │                                                     Triton does not hold now
     ├── SwapInFailedError           503 SwapInFailed      + Retry-After; the agent raises it from
     │                                                     `ensure_resident` with its reason
-    ├── UpstreamError               502 UpstreamUnavailable  Triton did not answer
+    ├── UpstreamError               503 UpstreamUnavailable + Retry-After: Triton did not
+    │                                                     answer, or its answer broke off
     └── TritonRefusedError          Triton's status, TritonError: Triton's own refusal,
                                     relayed (OpenAI routes)
 
@@ -97,7 +98,7 @@ class SwapInFailedError(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    status = 502
+    status = 503
     reason = "UpstreamUnavailable"
 
 

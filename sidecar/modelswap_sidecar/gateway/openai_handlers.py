@@ -30,7 +30,6 @@ from modelswap_sidecar.gateway.errors import (
 from modelswap_sidecar.gateway.exchange import FLAVOUR, Exchange, route_for, wants_progress
 from modelswap_sidecar.gateway.rewrite import rename_json
 from modelswap_sidecar.gateway.routing import display_ids, scope_of
-from modelswap_sidecar.gateway.upstream import Upstream
 
 DONE = b"data: [DONE]\n\n"
 
@@ -107,10 +106,10 @@ async def _text(
             "POST", "/generate_stream", json_body=text_request.generate_body()
         ) as answer:
             if answer.status != 200:
-                raw = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+                raw = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
                 raise TritonRefusedError(_message_of(raw), answer.status)
             parser = sse.EventParser()
-            async for chunk in Upstream.chunks(answer):
+            async for chunk in gw.upstream.chunks(answer):
                 for event in parser.feed(chunk):
                     await _add(exchange, completion, event)
             for event in parser.close():

@@ -1,7 +1,8 @@
 """The gateway's one connection pool to Triton, and its errors as `UpstreamError`.
 
-Only failures of the call to Triton become `UpstreamError` (502); a failure to write to
-the gateway's own client is not Triton's and is left alone.
+Only failures of the call to Triton become `UpstreamError` (503 with `Retry-After`: Triton
+died or restarts, and the supervisor brings it back, so the client should send again); a
+failure to write to the gateway's own client is not Triton's and is left alone.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send a request; the caller releases the response (`async with`)."""
         if self._session is None:
-            raise UpstreamError("the gateway is not started")
+            raise self._error("the gateway is not started")
         sent = {"Accept-Encoding": "identity", **(headers or {})}
         try:
             return await self._session.request(
@@ -79,17 +80,15 @@ class Upstream:
             )
         except (TimeoutError, aiohttp.ClientError) as e:
             logger.warning("Triton did not answer %s %s: %s", method, path, e)
-            raise UpstreamError(f"Triton did not answer: {e or type(e).__name__}") from e
+            raise self._error(f"Triton did not answer: {e or type(e).__name__}") from e
 
-    @staticmethod
-    async def read(response: aiohttp.ClientResponse) -> bytes:
+    async def read(self, response: aiohttp.ClientResponse) -> bytes:
         try:
             return await response.read()
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise UpstreamError(f"Triton's answer broke off: {e or type(e).__name__}") from e
+            raise self._error(f"Triton's answer broke off: {e or type(e).__name__}") from e
 
-    @staticmethod
-    async def chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """Bytes as Triton sends them, each as soon as it arrives."""
         stream = response.content.iter_any().__aiter__()
         while True:
@@ -98,8 +97,11 @@ class Upstream:
             except StopAsyncIteration:
                 return
             except (TimeoutError, aiohttp.ClientError) as e:
-                raise UpstreamError(f"Triton's stream broke off: {e or type(e).__name__}") from e
+                raise self._error(f"Triton's stream broke off: {e or type(e).__name__}") from e
             yield chunk
+
+    def _error(self, message: str) -> UpstreamError:
+        return UpstreamError(message, retry_after_seconds=self._settings.retry_after_seconds)
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:

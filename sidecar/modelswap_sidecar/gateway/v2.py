@@ -47,7 +47,7 @@ from modelswap_sidecar.gateway.exchange import (
     wants_progress,
 )
 from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json, rename_stats
-from modelswap_sidecar.gateway.upstream import Upstream, forwarded_headers
+from modelswap_sidecar.gateway.upstream import forwarded_headers
 from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ async def _server_ready(request: web.Request) -> web.Response:
 async def _server_metadata(request: web.Request) -> web.Response:
     gw = _gateway(request)
     async with await gw.upstream.open("GET", "/v2") as response:
-        body = await Upstream.read(response)
+        body = await gw.upstream.read(response)
         return web.Response(status=response.status, body=body, content_type="application/json")
 
 
@@ -131,7 +131,7 @@ async def _model_document(request: web.Request, tail: str, what: str) -> web.Res
     route = route_for(gw, request, request.match_info["model"])
     path = _triton_path(request, route.triton_name, tail)
     async with await gw.upstream.open("GET", path) as answer:
-        body = await Upstream.read(answer)
+        body = await gw.upstream.read(answer)
         if answer.status >= 400 and not gw.directory.is_resident(route.uid):
             raise ModelSwappedOutError(
                 f"{route.namespace}/{route.name} is swapped out; its {what} is served "
@@ -169,7 +169,7 @@ async def _model_ready(request: web.Request) -> web.Response:
         return web.Response(status=200, headers={STATE_HEADER: state})
     path = _triton_path(request, route.triton_name, "/ready")
     async with await gw.upstream.open("GET", path) as answer:
-        body = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+        body = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
         headers = {STATE_HEADER: state}
         return web.Response(status=answer.status, body=body or None, headers=headers)
 
@@ -215,7 +215,7 @@ async def _whole(
     try:
         headers = forwarded_headers(request.headers)
         async with await exchange.forward("POST", tail, body=body, headers=headers) as answer:
-            raw = await Upstream.read(answer)
+            raw = await gw.upstream.read(answer)
             length_text = answer.headers.get(INFER_HEADER_LENGTH)
             length = int(length_text) if length_text and length_text.isdigit() else None
             renamed, new_length = rename_infer_response(raw, length, route.triton_name, route.name)
@@ -241,10 +241,10 @@ async def _generate_stream(request: web.Request) -> web.StreamResponse:
             "POST", "/generate_stream", body=body, headers=headers
         ) as answer:
             if answer.status != 200:
-                raw = rename_json(await Upstream.read(answer), route.triton_name, route.name)
+                raw = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
                 return await exchange.answer(answer.status, raw, "application/json")
             parser = sse.EventParser()
-            async for chunk in Upstream.chunks(answer):
+            async for chunk in gw.upstream.chunks(answer):
                 for event in parser.feed(chunk):
                     await _pass_event(exchange, event, route.triton_name, route.name)
             for event in parser.close():
