@@ -96,7 +96,9 @@ class ErrorCode(StrEnum):
 
 class Op(StrEnum):
     # client → agent
-    REGISTER = "register"  # {model, instance, pid, version} → {epoch, state}
+    #: {model, instance, pid, version} → {epoch, state, committed, paceBytesPerSecond?}
+    #: (paceBytesPerSecond: the sim GPU's emulated link; the client paces its copies to it)
+    REGISTER = "register"
     #: {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}],
     #: kv_pool?: {offload_after_tokens, host_bytes, fd}} (fd: a writable host-store file
     #: for the KV pool's host tier)

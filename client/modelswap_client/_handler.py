@@ -127,6 +127,20 @@ class AgentHandler:
                 Hooks.run(self._hooks.swap_in)
             return {"regions": restored.regions, "copy": restored.copy}
 
+    # -- registration ---------------------------------------------------------------------
+
+    def registered(self, body: dict[str, Any]) -> None:
+        """Take what the agent's registration reply says about this process's copies: a
+        sim GPU's `paceBytesPerSecond` (the node's emulated link) paces the mapper, so no
+        model code has to know it. Absent: the mapper keeps its own (a bench's client may
+        pace by itself). Raises `MapperError` when the mapper cannot pace."""
+        pace = body.get("paceBytesPerSecond")
+        if pace is None:
+            return
+        with self._op_lock:  # no copy is in flight while the link changes
+            self._mapper.pace(float(pace))
+        log.debug("%s: copies paced to %.3g B/s (the agent's node setting)", self._model, pace)
+
     # -- agent restart --------------------------------------------------------------------
 
     def roll_back(self) -> None:

@@ -17,6 +17,7 @@ from modelswap_client._gate import StateGate
 from modelswap_client._handler import AgentHandler
 from modelswap_client._hooks import Hooks
 from modelswap_client.errors import ClientError
+from modelswap_client.mappers.base import MapperError
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,11 @@ class AgentLink:
             timeout_seconds=self._timeout_seconds,
         )
         self._facts.advance(reply.epoch)
+        try:
+            self._handler.registered(reply.body)
+        except MapperError as e:
+            peer.close()
+            raise ClientError(f"{self._model}: {e}") from e
         return peer
 
     def _heartbeats(self) -> None:
@@ -159,7 +165,7 @@ class AgentLink:
         while not self._gate.ended and time.monotonic() < deadline:
             try:
                 peer = self._connect()
-            except (OSError, ConnectionLost, RemoteError, TimeoutError):
+            except (OSError, ConnectionLost, RemoteError, TimeoutError, ClientError):
                 time.sleep(delay)  # the agent is restarting: retry with back-off
                 delay = min(delay * 2, 0.5)
                 continue

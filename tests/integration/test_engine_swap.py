@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -263,3 +264,29 @@ def test_a_paced_swap_in_is_reported_as_scaled(procs: Procs) -> None:
     assert 0 < float(paced["bytes_per_second"]) <= 1e9  # type: ignore[arg-type]
     assert plain["scaled"] is False and plain["target_bytes_per_second"] is None
     assert plain["bytes"] == 8 * MIB
+
+
+def test_the_nodes_pace_paces_a_model_that_sets_none(procs: Procs) -> None:
+    """The agent's per-GPU pace (`gpus[].paceGBps`) reaches a client whose own mapper is
+    unpaced through its registration reply: a swap-in of N bytes there takes at least
+    N / pace and is reported scaled; the unpaced GPU's model is not slowed."""
+    agent = procs.agent(["64M", "64M"], ["paced:0", "plain:1"], ["--pace-gbps", "0:0.5"])
+    size = 16 * MIB
+    for name in ("paced", "plain"):
+        c = procs.client(agent, name)
+        r = c.ok(cmd="attach", model=name, socket=agent.socket, regions=[["w", size, "weights"]])
+        assert r["restored"] is False
+        h = c.ok(cmd="fill", tag="w", seed=5)["sha256"]
+        c.ok(cmd="commit")
+        agent.ok(cmd="swap_out", model=name)
+        started = time.monotonic()
+        agent.ok(cmd="swap_in", model=name)
+        took = time.monotonic() - started
+        copy = agent.status()["models"][name]["last_swap_in_copy"]
+        assert c.ok(cmd="hash", tag="w")["sha256"] == h
+        if name == "paced":
+            assert took >= size / 0.5e9  # the emulated link's time for every byte
+            assert copy["scaled"] is True and copy["target_bytes_per_second"] == 0.5e9
+            assert 0 < float(copy["bytes_per_second"]) <= 0.5e9
+        else:
+            assert copy["scaled"] is False and copy["target_bytes_per_second"] is None

@@ -155,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--overhead-estimate", default="0", help="the engine's per-process estimate")
     p.add_argument("--heartbeat-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--pace-gbps",
+        action="append",
+        default=[],
+        help="gpu:GB/s — that GPU's clients pace their copies (the agent's gpus[].paceGBps)",
+    )
     p.add_argument("--pause-at", action="append", default=[], help="a checkpoint to stop at")
     defaults = EngineSettings()
     p.add_argument("--max-connections", type=int, default=defaults.max_connections)
@@ -185,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         max_connections=args.max_connections,
         max_connections_per_process=args.max_connections_per_process,
         register_timeout_seconds=args.register_timeout,
+        pace_bytes_per_second={
+            int(gpu): float(gbps) * 1e9 for gpu, gbps in (p.split(":") for p in args.pace_gbps)
+        },
     )
     engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
     engine.recover()

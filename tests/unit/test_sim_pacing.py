@@ -7,19 +7,30 @@ for a byte count and a bandwidth; nothing here is timed.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
+from typing import cast
 
 import pytest
 
-from modelswap_client.mappers.base import MapperError, get_mapper
+from modelswap_api.wire import Message, Op, Peer
+from modelswap_client._copier import Copier
+from modelswap_client._facts import AgentFacts
+from modelswap_client._gate import ClientState, StateGate
+from modelswap_client._handler import AgentHandler
+from modelswap_client._hooks import Hooks
+from modelswap_client._kvhost import KvHostTier
+from modelswap_client.mappers.base import Mapper, MapperError, get_mapper
 from modelswap_client.mappers.sim import Pacer, SimMapper
+from modelswap_client.regions import Regions, RegionSpec
 from modelswap_sidecar.allocators.sim import SimAllocator
 
 pytestmark = pytest.mark.timeout(30)
 
 MIB = 1 << 20
 GB = 1e9
+NO_PEER = cast(Peer, None)  # `handle` answers by its return value, never through the peer
 
 
 class FakeClock:
@@ -134,3 +145,75 @@ def test_streams_share_one_link() -> None:
         mapper.close()
         allocator.release(chunk)
         allocator.close()
+
+
+# -- the node's pace, told at registration ------------------------------------------------
+
+
+def test_the_agents_pace_reaches_the_mapper_and_paces_a_swap_in() -> None:
+    """The registration reply's `paceBytesPerSecond` paces the sim mapper with no model
+    code involved, and a restore of N bytes then takes at least N / pace on the clock."""
+    clock = FakeClock(advance_on_sleep=True)
+    mapper = SimMapper(clock=clock, sleep=clock.sleep)
+    gate, facts, hooks = StateGate("m"), AgentFacts(), Hooks()
+    regions = Regions(mapper)
+    size = 8 * MIB
+    regions.reserve([RegionSpec("w", size)])
+    handler = AgentHandler(
+        "m",
+        mapper,
+        gate=gate,
+        facts=facts,
+        regions=regions,
+        copier=Copier(mapper, regions, 2 * MIB),  # 4 pieces over 2 streams
+        kv_host=KvHostTier(mapper),
+        hooks=hooks,
+    )
+    pace = 0.5 * GB
+    chunk = os.memfd_create("chunk")
+    copy = os.memfd_create("copy")
+    try:
+        handler.registered({"epoch": 1})  # no pace said: the mapper keeps its own (none)
+        assert mapper.paced_bytes_per_second() == 0.0
+        handler.registered({"epoch": 1, "paceBytesPerSecond": pace})
+        assert mapper.paced_bytes_per_second() == pace
+        os.ftruncate(chunk, size)
+        os.ftruncate(copy, size)
+        os.pwrite(copy, b"w" * size, 0)
+        gate.set(ClientState.SWAPPED_OUT)
+        ask = itertools.count(1)
+        chunks = [{"offset": 0, "bytes": size, "fd": 0}]
+        mapped = handler.handle(
+            NO_PEER, Message(Op.MAP, next(ask), 0, {"regions": [{"tag": "w", "chunks": chunks}]},
+                             [chunk])
+        )  # fmt: skip
+        assert mapped.ok, mapped.error_message
+        start = clock()
+        restored = handler.handle(
+            NO_PEER, Message(Op.RESTORE, next(ask), 0,
+                             {"regions": [{"tag": "w", "fd": 0, "bytes": size}]}, [os.dup(copy)])
+        )  # fmt: skip
+        assert restored.ok, restored.error_message
+        # the link's time for every byte (to float rounding of the clock's sum)
+        assert clock() - start >= size / pace * (1 - 1e-9)
+        assert restored.body["copy"]["scaled"] is True
+        assert restored.body["copy"]["target_bytes_per_second"] == pace
+        assert ctypes.string_at(regions["w"].address, 4) == b"wwww"
+    finally:
+        os.close(copy)
+        handler.release()
+        mapper.close()
+
+
+def test_a_mapper_that_cannot_pace_refuses_by_name() -> None:
+    mapper = SimMapper()
+    try:
+        mapper.pace(0.0)  # the sim mapper: 0 is unpaced
+        assert mapper.pacer is None
+        with pytest.raises(MapperError, match="must be positive"):
+            mapper.pace(-1.0)
+        # every other mapper keeps the base's refusal: a real link is not emulated
+        with pytest.raises(MapperError, match="cannot pace its copies"):
+            Mapper.pace(mapper, 1e9)
+    finally:
+        mapper.close()

@@ -193,6 +193,15 @@ class Mapper(abc.ABC):
         at this machine's own speed. Figures measured while paced are "scaled"."""
         return 0.0
 
+    def pace(self, bandwidth_bytes_per_second: float) -> None:
+        """Pace every later copy to an emulated link of this bandwidth (the agent's node
+        setting, told at registration). Only the sim mapper can: a real link is not
+        emulated, so every other mapper refuses."""
+        raise MapperError(
+            f"the {self.name} mapper cannot pace its copies "
+            f"(asked for {bandwidth_bytes_per_second:.0f} B/s; pacing is a sim setting)"
+        )
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop worker threads/streams. Mappings and reservations are the caller's to undo."""
 

@@ -10,6 +10,8 @@ ceiling: every copy, on every stream, books its transfer time on one shared `Pac
 timeline, so all streams together move at most that many bytes per second (a real link is
 shared the same way). Figures measured with it are "scaled" (`paced_bytes_per_second()`),
 never real link speeds; a bandwidth at or above the machine's own copy speed paces nothing.
+A model does not choose it: the agent's `gpus[].paceGBps` reaches the mapper through the
+registration reply (`pace`, called by the client's handler).
 """
 
 from __future__ import annotations
@@ -174,16 +176,21 @@ class SimMapper(Mapper):
         streams: int = 2,
         bandwidth_bytes_per_second: float = 0.0,
         pacer: Pacer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`bandwidth_bytes_per_second` > 0 paces every copy to that emulated link (see
-        `Pacer`); `pacer` passes one in (tests inject its clock)."""
+        `Pacer`); `pacer` passes one in; `clock`/`sleep` go to the pacers this mapper makes
+        (here or in `pace`), so tests check a schedule without timing it."""
         if streams < 1:
             raise MapperError("streams must be at least 1")
         if bandwidth_bytes_per_second < 0:
             raise MapperError("a pacing bandwidth must be positive (or 0: no pacing)")
         _libc.raise_fd_limit()
+        self._clock = clock
+        self._sleep = sleep
         if pacer is None and bandwidth_bytes_per_second > 0:
-            pacer = Pacer(bandwidth_bytes_per_second)
+            pacer = Pacer(bandwidth_bytes_per_second, clock=clock, sleep=sleep)
         self.pacer = pacer
         self.bandwidth_bytes_per_second = 0.0 if pacer is None else pacer.bandwidth_bytes_per_second
         self._lock = threading.RLock()
@@ -413,6 +420,21 @@ class SimMapper(Mapper):
 
     def paced_bytes_per_second(self) -> float:
         return self.bandwidth_bytes_per_second
+
+    def pace(self, bandwidth_bytes_per_second: float) -> None:
+        """From now on pace every copy to this link (0: unpaced). Copies already queued
+        keep the pacer they were submitted with; the same bandwidth keeps the pacer (and
+        its booked timeline, and a test's injected clock)."""
+        if bandwidth_bytes_per_second < 0:
+            raise MapperError("a pacing bandwidth must be positive (or 0: no pacing)")
+        if bandwidth_bytes_per_second == self.bandwidth_bytes_per_second:
+            return
+        self.pacer = (
+            Pacer(bandwidth_bytes_per_second, clock=self._clock, sleep=self._sleep)
+            if bandwidth_bytes_per_second > 0
+            else None
+        )
+        self.bandwidth_bytes_per_second = float(bandwidth_bytes_per_second)
 
     def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
         pacer = self.pacer

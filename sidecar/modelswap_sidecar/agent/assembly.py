@@ -95,6 +95,14 @@ class Agent:
         return None if self.sim else self.links
 
 
+def sim_paces(settings: AgentSettings, inventory: GpuInventory) -> dict[int, float]:
+    """Per GPU ordinal, the `gpus[].paceGBps` its models pace their copies to (bytes/s):
+    sim GPUs only (auto that chose cuda-vmm ignores the sim entries, paces included)."""
+    if inventory.backend != "sim":
+        return {}
+    return {i: g.pace_gbps * 1e9 for i, g in enumerate(settings.gpus) if g.pace_gbps}
+
+
 def build_engine(
     settings: AgentSettings, voucher: TritonVoucher, allocator: Allocator, inventory: GpuInventory
 ) -> Engine:
@@ -106,6 +114,7 @@ def build_engine(
         drain_timeout_seconds=settings.policy.drain_timeout_seconds,
         reserve_bytes=inventory.reserve_bytes,
         overhead_bytes_per_process=settings.overhead_bytes_per_process,
+        pace_bytes_per_second=sim_paces(settings, inventory),
     )
     engine = Engine(allocator, store, voucher, engine_settings)
     engine.recover()  # a previous agent's models; their clients readopt within the grace

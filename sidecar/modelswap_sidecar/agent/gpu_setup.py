@@ -3,7 +3,7 @@
 
 - ``sim``: one `SimAllocator` GPU per `gpus` entry (its `capacityBytes`), named by the
   entry's uuid, product ``sim``; links are kind ``sim`` with the configured
-  `gpus[].linkGBps`.
+  `gpus[].linkGBps` (else `gpus[].paceGBps`, the link the copies are paced to).
 - ``cuda-vmm``: a `CudaVmmAllocator` over the GPUs the driver shows (or the `gpus`
   entries' UUIDs); the inventory comes from the allocator — UUIDs, ordinals (under
   `CUDA_DEVICE_ORDER=PCI_BUS_ID`), product names — and HBM totals from NVML through
@@ -46,7 +46,8 @@ async def measure_links(
             size_bytes=settings.cuda.link_probe_bytes,
             timeout_seconds=settings.cuda.link_probe_timeout_seconds,
         ),
-        sim_gbps=tuple(g.link_gbps for g in settings.gpus),
+        # a paced sim GPU's link is its pace unless a figure is configured
+        sim_gbps=tuple(g.link_gbps or g.pace_gbps for g in settings.gpus),
         prober=prober,
     )
 

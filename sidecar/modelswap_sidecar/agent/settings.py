@@ -9,7 +9,9 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
                                     # cuda-vmm: optional, the GPUs to manage by UUID and their
                                     # reserves (none: every capable GPU, HBM totals from NVML)
       - {uuid: sim-gpu-0, capacityBytes: 128Mi, reserveBytes: 0,
-         linkGBps: null}            # sim link speed reported; null: measured at start
+         linkGBps: null,            # sim link speed reported; null: paceGBps, else measured
+         paceGBps: null}            # sim: every model's copies paced to this emulated link
+                                    # (told at registration); null: unpaced. Refused on cuda
     gpuReserveBytes: 0              # HBM kept back on every GPU without its own
                                     # gpus[].reserveBytes (a chart cannot know GPU UUIDs)
     poolChunkBytes: 32Mi            # sim
@@ -56,6 +58,7 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +85,13 @@ class SimGpu:
     #: sim only (required there); a real GPU's HBM total comes from NVML.
     capacity_bytes: int | None = None
     reserve_bytes: int = 0
-    #: sim only: the host link speed reported in the SwapNode; None: measured once at start.
+    #: sim only: the host link speed reported in the SwapNode; None: `pace_gbps` when set,
+    #: else measured once at start.
     link_gbps: float | None = None
+    #: sim only: the emulated link (GB/s, 10^9 B/s) every model on this GPU paces its copies
+    #: to (the engine tells each client at registration); None: copies at machine speed.
+    #: Figures measured with it are "scaled", not link measurements.
+    pace_gbps: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,6 +350,11 @@ def _gpus(raw: Any, allocator: str, default_reserve_bytes: int = 0) -> tuple[Sim
                         f"{where}{key}: a sim figure; cuda-vmm reads HBM from NVML "
                         "and measures the link"
                     )
+            if g.get("paceGBps") is not None:
+                raise SettingsError(
+                    f"{where}paceGBps: copy pacing emulates a link on sim GPUs only; "
+                    "cuda-vmm copies over the real one"
+                )
             if not g.get("uuid"):
                 raise SettingsError(f"{where}uuid is required with allocator cuda-vmm")
         gpus.append(
@@ -358,11 +371,28 @@ def _gpus(raw: Any, allocator: str, default_reserve_bytes: int = 0) -> tuple[Sim
                     else default_reserve_bytes
                 ),
                 link_gbps=_positive(g, "linkGBps", where),
+                pace_gbps=_pace(g, allocator, where),
             )
         )
     if len({g.uuid.lower() for g in gpus}) != len(gpus):
         raise SettingsError("gpus: uuids must be unique")
     return tuple(gpus)
+
+
+def _pace(g: Mapping[str, Any], allocator: str, where: str) -> float | None:
+    """`gpus[i].paceGBps`: positive, finite, and on a sim GPU (auto: an entry with
+    `capacityBytes`, the sim fallback's)."""
+    pace = _positive(g, "paceGBps", where)
+    if pace is None:
+        return None
+    if not math.isfinite(pace):
+        raise SettingsError(f"{where}paceGBps: must be finite")
+    if allocator == "auto" and g.get("capacityBytes") is None:
+        raise SettingsError(
+            f"{where}paceGBps: copy pacing emulates a link on sim GPUs only; this entry "
+            "has no capacityBytes, so it selects a CUDA GPU"
+        )
+    return pace
 
 
 def _cuda(doc: Any) -> CudaSettings:

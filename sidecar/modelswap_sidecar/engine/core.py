@@ -88,6 +88,7 @@ class Engine:
             store=store,
             voucher=voucher,
             swap_in=self._client_swap_in,
+            pace_bytes_per_second=settings.pace_bytes_per_second,
         )
         self._decider: Callable[[str], None] | None = None
         self._heartbeats.start()

@@ -6,7 +6,8 @@ closing. Requests run on their connection's handler threads (`wire.Peer`, bounde
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from modelswap_api.wire import Message, Op, Peer, RemoteError, error_reply, reply_to
 from modelswap_sidecar.engine.attaching import Attacher
@@ -45,6 +46,7 @@ class ClientProtocol:
         store: HostStore,
         voucher: Voucher,
         swap_in: Callable[[str], None],
+        pace_bytes_per_second: Mapping[int, float] | None = None,
     ) -> None:
         self.table = table
         self.ledger = ledger
@@ -54,6 +56,7 @@ class ClientProtocol:
         self.store = store
         self.voucher = voucher
         self.swap_in = swap_in
+        self.pace_bytes_per_second = dict(pace_bytes_per_second or {})
 
     def handle(self, peer: Peer, message: Message) -> Message | None:
         """Serve one client request (on one of its connection's handler threads)."""
@@ -103,7 +106,14 @@ class ClientProtocol:
             inst.last_heartbeat = None
             self.table.bind(peer, model, instance)
             self.ledger.process_attached(m.config.gpu, pid, inst)
-            body = {"epoch": m.epoch, "state": str(m.state), "committed": inst.committed}
+            body: dict[str, Any] = {
+                "epoch": m.epoch,
+                "state": str(m.state),
+                "committed": inst.committed,
+            }
+            pace = self.pace_bytes_per_second.get(m.config.gpu, 0.0)
+            if pace > 0:  # the node's emulated link: the client's sim mapper paces to it
+                body["paceBytesPerSecond"] = pace
         return reply_to(message, m.epoch, body)
 
     def client_gone(self, peer: Peer) -> None:

@@ -26,6 +26,10 @@ class EngineSettings:
     drain_timeout_seconds: float = 60.0  # quiesce: how long in_use() work may hold a swap-out
     readopt_grace_seconds: float = 10.0  # after a restart, how long clients have to readopt
     reserve_bytes: dict[int, int] = field(default_factory=dict)  # per GPU
+    #: per GPU: the emulated link (bytes/s) a sim GPU's clients pace their copies to, told
+    #: to each client in its registration reply; absent or 0: copies run at machine speed.
+    #: Only the sim allocator's GPUs get one (the agent's settings refuse it elsewhere).
+    pace_bytes_per_second: dict[int, float] = field(default_factory=dict)
     #: the estimate per runtime process, used when the allocator measures nothing
     overhead_bytes_per_process: int = 0
     #: a client silent for this long is logged (nothing else happens: the socket is the

@@ -1,7 +1,8 @@
 """`modelswap up` and `modelswap status`: local mode, one node without Kubernetes.
 
     modelswap up [-f DIR] [--run-dir D] [--model-root R] [--defaults FILE]
-                 [--host H] [--port P] [--sim-gpu-bytes B ...] [--triton-binary T]
+                 [--host H] [--port P] [--sim-gpu-bytes B ...] [--pace-gbps G]
+                 [--allocator A] [--triton-binary T]
     modelswap status [--run-dir D]
 
 `up` serves every ModelDeployment YAML file in DIR (default ./examples) through real
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -61,6 +63,13 @@ def register_up(subparsers: Any) -> None:
         default="auto",
         help="the agent's GPU memory backend (auto: cuda-vmm when a capable GPU is present)",
     )
+    up.add_argument(
+        "--pace-gbps",
+        type=float,
+        metavar="GBPS",
+        help="sim GPUs only: pace every model's copies to an emulated link of this many GB/s "
+        "(figures are then scaled, not link measurements; default unpaced)",
+    )
     up.add_argument("--triton-binary", type=Path)
     up.add_argument("--log-level", default="info")
     up.set_defaults(handler=run_up_command)
@@ -105,6 +114,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         gpus = tuple(parse_bytes(b) for b in args.sim_gpu_bytes or ()) or (DEFAULT_SIM_GPU_BYTES,)
     except ValueError as e:
         raise LocalModeError(f"--sim-gpu-bytes: {e}") from e
+    pace = args.pace_gbps
+    if pace is not None and not (math.isfinite(pace) and pace > 0):
+        raise LocalModeError(f"--pace-gbps: {pace} is not a positive number of GB/s")
+    if pace is not None and args.allocator == "cuda-vmm":
+        raise LocalModeError("--pace-gbps: copy pacing emulates a link on sim GPUs only")
     triton = args.triton_binary or default_triton_binary(Path.cwd())
     if not triton.exists():
         raise LocalModeError(f"--triton-binary {triton}: not found (`make setup` installs it)")
@@ -118,6 +132,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         gateway_port=args.port,
         sim_gpu_bytes=gpus,
         allocator=args.allocator,
+        pace_gbps=pace,
         log_level=args.log_level,
     )
 

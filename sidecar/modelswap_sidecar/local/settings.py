@@ -12,6 +12,8 @@ and the agent's settings document built from them (pure).
                         holds two of the three example models, so they compete
     allocator           --allocator auto|sim|cuda-vmm (auto: cuda-vmm when a driver and a
                         GPU with VMM + POSIX-fd handles are present, else sim)
+    paceGBps            --pace-gbps G: every sim GPU's `gpus[].paceGBps` (models' copies
+                        paced to an emulated G GB/s link; sim only); default unpaced
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class LocalSettings:
     sim_gpu_bytes: tuple[int, ...] = (DEFAULT_SIM_GPU_BYTES,)
     #: "auto" | "sim" | "cuda-vmm"; `run_up` resolves auto before writing the agent's file.
     allocator: str = "auto"
+    #: Every sim GPU's emulated link (`gpus[].paceGBps`, GB/s); None: unpaced.
+    pace_gbps: float | None = None
     host_store_bytes: int = 4 << 30
     pool_chunk_bytes: int = 32 * MIB
     #: How often the folder is looked at for edits.
@@ -68,8 +72,12 @@ def agent_document(
     """The agent's settings (see `agent/settings.py`) for local mode. `allocator` is the
     resolved backend: sim GPUs from `sim_gpu_bytes`, or cuda-vmm over every capable GPU."""
     run = settings.run_dir
+    pace = {} if settings.pace_gbps is None else {"paceGBps": settings.pace_gbps}
     gpus = (
-        [{"uuid": f"sim-gpu-{i}", "capacityBytes": b} for i, b in enumerate(settings.sim_gpu_bytes)]
+        [
+            {"uuid": f"sim-gpu-{i}", "capacityBytes": b, **pace}
+            for i, b in enumerate(settings.sim_gpu_bytes)
+        ]
         if allocator == "sim"
         else []
     )

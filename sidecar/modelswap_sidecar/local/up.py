@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import yaml
 
 from modelswap_sidecar.gpu.devices import choose_allocator_backend
-from modelswap_sidecar.local.errors import AlreadyRunningError
+from modelswap_sidecar.local.errors import AlreadyRunningError, LocalModeError
 from modelswap_sidecar.local.rundir import pid_alive, read_json, write_json
 from modelswap_sidecar.local.settings import LocalSettings, agent_document
 from modelswap_sidecar.local.watcher import Applied, FolderWatcher
@@ -70,12 +70,14 @@ def _state_doc(
 
 
 def _announce(out: TextIO, settings: LocalSettings, gateway_url: str, control_url: str) -> None:
+    pace = settings.pace_gbps
+    paced = "" if pace is None else f", copies paced to {pace:g} GB/s (scaled)"
     out.write(
         f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})\n"
         f"  gateway      {gateway_url}   (KServe v2: /v2/models/<name>/infer, "
         "OpenAI: /v1/models, /v1/completions, /v1/chat/completions)\n"
         f"  control API  {control_url}   (token in {settings.run_dir.token_file})\n"
-        f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}\n"
+        f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}{paced}\n"
         "  `modelswap status` shows the models; Ctrl-C stops everything.\n"
     )
     out.flush()
@@ -101,6 +103,11 @@ def clean_run_dir(settings: LocalSettings) -> None:
 def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
     check_not_running(settings)
     backend = choose_allocator_backend(settings.allocator)  # auto: logs what it found
+    if backend == "cuda-vmm" and settings.pace_gbps is not None:
+        raise LocalModeError(
+            "--pace-gbps: copy pacing emulates a link on sim GPUs only, and the allocator "
+            "here is cuda-vmm (pass --allocator sim)"
+        )
     if backend == "cuda-vmm":
         log.warning(
             "allocator cuda-vmm: model memory is GPU memory; the examples' models read it "
