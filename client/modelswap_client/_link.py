@@ -116,17 +116,22 @@ class AgentLink:
             raise
         peer = Peer(sock, self._handler.handle, self._lost, name=f"{self._model}/{self._instance}")
         peer.start()
-        reply = peer.request(
-            Op.REGISTER,
-            {"model": self._model, "instance": self._instance, "pid": os.getpid(), "version": 1},
-            timeout_seconds=self._timeout_seconds,
-        )
-        self._facts.advance(reply.epoch)
+        # Whatever ends the registration early (refused, timed out, lost, a mapper that
+        # cannot take the agent's facts) closes this connection: the agent would otherwise
+        # hold an unregistered connection, and this process a reader thread, until exit.
+        hello = {"model": self._model, "instance": self._instance, "pid": os.getpid()}
         try:
+            reply = peer.request(
+                Op.REGISTER, {**hello, "version": 1}, timeout_seconds=self._timeout_seconds
+            )
+            self._facts.advance(reply.epoch)
             self._handler.registered(reply.body)
         except MapperError as e:
             peer.close()
             raise ClientError(f"{self._model}: {e}") from e
+        except BaseException:
+            peer.close()
+            raise
         return peer
 
     def _heartbeats(self) -> None:
