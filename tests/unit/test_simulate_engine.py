@@ -103,10 +103,10 @@ def test_a_swap_in_waits_for_its_victim_then_the_copy() -> None:
     assert result.unserved_requests == []
 
 
-def test_swap_ins_queue_on_the_gpus_link() -> None:
-    # m0, m1 resident; m2 and m3 asked for at once: m2 swaps m0 out and copies first; m3's
-    # admission waits for that swap-out (WaitingForSwapOuts), swaps m1 out, then its copy
-    # waits for the link until m2's copy ends
+def test_swap_ins_on_one_gpu_are_admitted_one_at_a_time() -> None:
+    # m0, m1 resident; m2 and m3 asked for at once: m2 swaps m0 out and copies; m3 is
+    # admitted only once m2's swap-in is done (the agent's admission lock holds a GPU's
+    # admission and its swap for the whole swap-in), then swaps m1 out and copies
     result = simulate(
         modelswap(),
         models(4),
@@ -116,9 +116,11 @@ def test_swap_ins_queue_on_the_gpus_link() -> None:
     m2_done = 100 + SWAP_OUT + SWAP_IN
     assert waits(result) == {
         0: pytest.approx(m2_done - 100),
-        1: pytest.approx(m2_done + 1.0 - 100),
+        1: pytest.approx(m2_done + SWAP_OUT + SWAP_IN - 100),
     }
     assert (result.swap_ins, result.swap_outs) == (2, 2)
+    # each swap-in timed as the engine times it: from its admission, victim's swap-out in
+    assert result.swap_in_seconds == pytest.approx([SWAP_OUT + SWAP_IN] * 2)
 
 
 def test_a_busy_victim_drains_before_the_swap_in() -> None:

@@ -34,7 +34,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.policy.inputs import Residency
@@ -67,6 +67,11 @@ class RunResult:
     busy_slot_seconds: float
     slots_per_gpu: int
     wall_seconds: float
+    #: every warm swap-in's duration as the agent's engine times one: from its admission
+    #: (the victims' drain and swap-out are inside it, as `make_room` is inside the
+    #: engine's swap-in) until its bytes are in (fixed cost, then the copy queued behind
+    #: other copies on its link); the twin check compares them with the agent's
+    swap_in_seconds: list[float] = field(default_factory=list)
 
 
 def run(
@@ -137,6 +142,7 @@ class _Loop:
         self.waits: list[float] = []
         self.unserved: list[int] = []
         self.admissions = 0
+        self.swap_in_seconds: list[float] = []
         self.last_arrival = trace.arrival_seconds[-1] if len(trace) else 0.0
         self.has_idle = type(policy).idle_deadline is not SimPolicy.idle_deadline
 
@@ -173,6 +179,7 @@ class _Loop:
             busy_slot_seconds=sum(self.service),
             slots_per_gpu=self.policy.shape.concurrent_requests,
             wall_seconds=wall_seconds,
+            swap_in_seconds=self.swap_in_seconds,
         )
 
     # -- the loop ---------------------------------------------------------------------------
@@ -262,12 +269,21 @@ class _Loop:
     # -- swaps ------------------------------------------------------------------------------
 
     def _request(self, m: ModelState, t: float) -> None:
-        """Ask the policy to bring `m` in (it is out and has pending requests)."""
-        self.admissions += 1
+        """Ask the policy to bring `m` in (it is out and has pending requests); with serial
+        admissions, after the swap-in under way on its GPU (if any) is done."""
         g = m.gpu
+        if self.policy.serial_admissions and g.admitting is not None:
+            if g.admitting is not m and not m.admission_queued:
+                m.admission_queued = True
+                g.admission_queue.append(m)
+            return
+        self.admissions += 1
         decision = self.policy.admit(g, m, t)
         if decision.outcome == "admit":
             m.residency = Residency.SWAPPING_IN
+            m.admitted_at = t
+            if self.policy.serial_admissions:
+                g.admitting = m
             for v in decision.victims:
                 if v.residency is Residency.RESIDENT:
                     self._begin_out(v, t)
@@ -310,11 +326,12 @@ class _Loop:
 
     def _start_in(self, m: ModelState, t: float) -> None:
         transfer = self.policy.swap_in(m)
+        done = self._transfer(m.gpu, transfer, t)
         if transfer.link == "cold":
             m.cold_loads += 1
         else:
             m.swap_ins += 1
-        done = self._transfer(m.gpu, transfer, t)
+            self.swap_in_seconds.append(done - m.admitted_at)
         heapq.heappush(self.heap, (done, next(self.seq), _SWAPPED_IN, m))
 
     @staticmethod
@@ -332,11 +349,23 @@ class _Loop:
             g.cold_free_at = done = max(ready_at, g.cold_free_at) + seconds
         return done
 
+    def _next_admission(self, g: GpuState, t: float) -> None:
+        """The GPU's admission step is free: ask for the queued models in order until one
+        is admitted (and holds it again) or none is left."""
+        queue = g.admission_queue
+        while queue and g.admitting is None:
+            m = queue.popleft()
+            m.admission_queued = False
+            if m.residency is Residency.SWAPPED_OUT and m.pending and not m.waiting:
+                self._request(m, t)
+
     def _swapped_in(self, m: ModelState, t: float) -> None:
         g = m.gpu
         m.residency = Residency.RESIDENT
         m.resident_since = t
         m.cold = False
+        if g.admitting is m:
+            g.admitting = None
         if m.pending:
             ready = g.ready
             for k in m.pending:
@@ -348,6 +377,7 @@ class _Loop:
         self._schedule_check(g, t)
         if g.waiting:
             self._retry(g, t)
+        self._next_admission(g, t)
 
     def _swapped_out(self, v: ModelState, t: float) -> None:
         g = v.gpu

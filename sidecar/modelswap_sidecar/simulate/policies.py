@@ -74,6 +74,9 @@ class SimPolicy:
     dedicated = False
     #: a swapped-out model keeps a warm copy (host memory): False means it goes cold
     keeps_host_copy = True
+    #: one admission at a time per GPU, held until its swap-in is done (victims' swap-outs
+    #: included), the next one asked only then: the agent's `Actuator._admission_lock`
+    serial_admissions = False
 
     def __init__(self, name: str, shape: GpuShape) -> None:
         self.name = name
@@ -120,6 +123,9 @@ class Modelswap(SimPolicy):
     """The agent's policy module over one GPU's view."""
 
     kind = "modelswap"
+    # the agent admits and swaps in one model per GPU at a time (a second admission before
+    # the first one's bytes are charged would be granted the same room or the same victim)
+    serial_admissions = True
 
     def __init__(self, name: str, shape: GpuShape, settings: PolicySettings) -> None:
         super().__init__(name, shape)

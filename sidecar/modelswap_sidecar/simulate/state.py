@@ -6,6 +6,8 @@ Plain classes with `__slots__`: the event loop touches them millions of times.
 
 from __future__ import annotations
 
+from collections import deque
+
 from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.policy.inputs import Residency
 
@@ -14,6 +16,8 @@ INFINITY = float("inf")
 
 class ModelState:
     __slots__ = (
+        "admission_queued",
+        "admitted_at",
         "awaiting_victims",
         "cold",
         "cold_loads",
@@ -59,11 +63,15 @@ class ModelState:
         #: bringing it in is a cold load
         self.cold = True
         self.resident_since: float | None = None
+        #: when its current swap-in was admitted (victims chosen)
+        self.admitted_at = 0.0
         self.last_request: float | None = None
         self.running = 0  # requests being served
         self.queued = 0  # requests in its GPU's ready queue (it is resident)
         self.pending: list[int] = []  # requests waiting for it to become resident
         self.waiting = False  # in its GPU's list of models whose admission said wait
+        #: in its GPU's admission queue (serial admissions: another swap-in is under way)
+        self.admission_queued = False
         self.awaiting_victims = 0  # victims still swapping out before its swap-in starts
         self.dependents: list[ModelState] = []  # swap-ins waiting for this swap-out
         self.draining = False  # swapping out, waiting for its running requests to end
@@ -78,6 +86,8 @@ class ModelState:
 
 class GpuState:
     __slots__ = (
+        "admission_queue",
+        "admitting",
         "budget_bytes",
         "check_at",
         "cold_free_at",
@@ -107,6 +117,10 @@ class GpuState:
         self.waiting: list[ModelState] = []
         self.check_at = INFINITY  # the earliest policy check scheduled
         self.over_high = False  # left above the high watermark by the last plan
+        #: serial admissions (the agent): the model whose admission and swap-in hold the
+        #: GPU's admission step, and the models asking after it, in order
+        self.admitting: ModelState | None = None
+        self.admission_queue: deque[ModelState] = deque()
 
     def used_bytes(self) -> int:
         return sum(m.hbm_bytes for m in self.models if m.residency is not Residency.SWAPPED_OUT)
