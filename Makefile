@@ -95,8 +95,13 @@ bench-operator-profile: setup ## the same run with the operator and the emulator
 	$(BIN)/python -m bench.operator_scale --profile
 	$(BIN)/python -m bench.render
 
+.PHONY: bench-twin
+bench-twin: setup ## the twin check: a seeded scenario run for real in local mode (paced sim GPU) and replayed through the simulator, swap counts and swap-in latency compared (~4 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.twin
+	$(BIN)/python -m bench.render
+
 # every bench but the simulator's 30-minute grid (make bench-grid), under 30 minutes here
-bench: bench-swap bench-gateway bench-operator bench-planner bench-sim ## run every bench (not bench-grid) and render docs/BENCHMARKS.md
+bench: bench-swap bench-gateway bench-operator bench-planner bench-sim bench-twin ## run every bench (not bench-grid) and render docs/BENCHMARKS.md
 
 .PHONY: reliability
 RELIABILITY_TESTS = $(wildcard tests/*/test_reliability_*.py)

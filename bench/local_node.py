@@ -115,7 +115,7 @@ def big_checksum(weights_bytes: int) -> int:
     return crc
 
 
-def deployment(case: ModelCase) -> dict[str, Any]:
+def deployment(case: ModelCase, swap_policy: dict[str, Any] | None = None) -> dict[str, Any]:
     model: dict[str, Any] = {
         "name": case.name,
         "runtime": "triton",
@@ -125,7 +125,7 @@ def deployment(case: ModelCase) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": model,
         # the bench decides every swap: nothing swaps out on its own
-        "swapPolicy": {"idleAfter": "never", "priority": 100, "onSwapOut": "host"},
+        "swapPolicy": swap_policy or {"idleAfter": "never", "priority": 100, "onSwapOut": "host"},
     }
     if case.kv_bytes:
         model["kvCacheBytes"] = str(case.kv_bytes)
@@ -240,19 +240,32 @@ def _stop_group(proc: subprocess.Popen[bytes], sig: int, timeout_seconds: float)
 
 @contextlib.contextmanager
 def local_node(
-    cases: list[ModelCase], workdir: Path, sim_gpu_bytes: int, model_root: Path
+    cases: list[ModelCase],
+    workdir: Path,
+    sim_gpu_bytes: int,
+    model_root: Path,
+    *,
+    pace_gbps: float | None = None,
+    swap_policy: dict[str, Any] | None = None,
+    all_resident: bool = True,
 ) -> Iterator[LocalNode]:
-    """`modelswap up` serving `cases` (all resident when this yields); stopped with SIGINT
-    (what Ctrl-C does), which removes its shm regions, store and sockets."""
+    """`modelswap up` serving `cases` (all resident when this yields, or with
+    `all_resident=False` all loaded, resident or swapped out, when they cannot all fit);
+    stopped with SIGINT (what Ctrl-C does), which removes its shm regions, store and
+    sockets. `pace_gbps`: the node's copy pacing (`--pace-gbps`); `swap_policy`: every
+    deployment's swapPolicy (default: nothing swaps out by itself)."""
     folder, run_dir = workdir / "deployments", workdir / "run"
     folder.mkdir()
     for case in cases:
-        (folder / f"{case.name}.yaml").write_text(yaml.safe_dump(deployment(case)))
+        (folder / f"{case.name}.yaml").write_text(yaml.safe_dump(deployment(case, swap_policy)))
     command = [
         sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
         "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0",
         "--allocator", "sim", "--sim-gpu-bytes", str(sim_gpu_bytes), "--log-level", "warning",
     ]  # fmt: skip
+    if pace_gbps is not None:
+        command += ["--pace-gbps", str(pace_gbps)]
+    settled = ("Resident",) if all_resident else ("Resident", "SwappedOut")
     log = (workdir / "up.log").open("wb")
     up = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
@@ -282,7 +295,7 @@ def local_node(
                 models = node.models()
             except httpx.HTTPError:
                 return False
-            return all(models.get(c.name, {}).get("state") == "Resident" for c in cases)
+            return all(models.get(c.name, {}).get("state") in settled for c in cases)
 
         try:
             wait_for(all_resident, 180, "every model resident")

@@ -400,6 +400,54 @@ _TABLES.update(
 )
 
 
+# -- twin (bench/twin.py) -------------------------------------------------------------------
+
+BENCHES["twin"] = (
+    "make bench-twin (python -m bench.twin)",
+    "the twin check: a seeded, time-scaled scenario run for real in local mode (paced sim "
+    "GPU, scaled) and replayed through the simulator: swap counts and median swap-in latency",
+    "any Linux machine with `make setup` (Triton)",
+)
+
+
+def _twin_table(doc: dict[str, Any]) -> list[str]:
+    """One row per run: real and simulated swap counts and median swap-in durations; then
+    the pooled figures."""
+    by_name = {r["name"]: r for r in doc["results"]}
+    counts, latency = by_name["swap_ins_per_run"], by_name["swap_in_seconds"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else _ms(value)
+
+    lines = [
+        "| run | requests (correct) | swap-ins real / sim | swap-outs real / sim | median "
+        "swap-in real / sim | counts match |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for i, run in enumerate(counts.get("runs", [])):
+        lines.append(
+            f"| {i} | {run['requests']} ({run['correct']}) | {run['real_swap_ins']} / "
+            f"{run['sim_swap_ins']} | {run['real_swap_outs']} / {run['sim_swap_outs']} | "
+            f"{ms(run['real_median_swap_in_seconds'])} / "
+            f"{ms(run['sim_median_swap_in_seconds'])} | "
+            f"{'yes' if run['swap_counts_match'] else '**no**'} |"
+        )
+    mt = latency["metrics"]
+    lines += [
+        "",
+        f"Median swap-in over every run (samples pooled, {mt['samples_real']:.0f} real): "
+        f"real {_ms(latency['median'])} *(scaled)*, simulated {_ms(mt['sim_median_seconds'])} "
+        f"(difference {_ms(mt['difference_seconds'])}, tolerance "
+        f"{_ms(mt['tolerance_seconds'])}); the link's share {_ms(mt['link_seconds'])}, "
+        f"the calibrated fixed cost {_ms(mt['fixed_cost_seconds'])}; real spread "
+        f"{_ms(mt['min'])} .. {_ms(mt['max'])}.",
+    ]
+    return lines
+
+
+_TABLES["twin"] = _twin_table
+
+
 def load_docs() -> list[dict[str, Any]]:
     docs = []
     for path in RESULTS.glob("*/*.json"):

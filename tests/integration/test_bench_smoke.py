@@ -63,3 +63,14 @@ def test_operator_scale_gets_a_small_cluster_ready() -> None:
     )  # fmt: skip
     assert "ready 30/30" in out
     assert "bench.fake_nodes" not in _left("bench.fake_nodes --kubeconfig /tmp/kube-emulator")
+
+
+@pytest.mark.timeout(300)
+def test_twin_runs_a_short_scenario_and_replays_it() -> None:
+    out = _run(["bench.twin", "--runs", "1", "--time-scale", "300"], 280)
+    line = next(x for x in out.splitlines() if x.startswith("run 0: ") and "requests" in x)
+    sent, correct = line.split(" requests (")[0].split()[-1], line.split("(")[1].split()[0]
+    assert int(sent) > 0 and sent == correct  # every answer checked and right
+    assert "median swap-in: real" in out  # the replay ran and was compared
+    assert "modelswap-bench-twin-" not in _left("modelswap-bench-twin-")
+    assert not list(Path("/dev/shm").glob("modelswap-bench-twin-*"))

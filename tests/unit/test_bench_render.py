@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from bench import render, results_schema
+from bench import render, results_schema, twin
+from bench.twin_record import NodeShape, Request, RunRecord, replay, verdict
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -70,7 +72,7 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     assert "make bench-planner" in missing
     assert "- `swap` " not in missing
     simulated = [{**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid")]
-    simulated += [compare_doc(), gateway_doc(), operator_doc()]
+    simulated += [compare_doc(), gateway_doc(), operator_doc(), twin_doc()]
     simulated.append({**operator_doc(), "bench": "operator-profile"})
     with_gpu = render.render(
         [
@@ -238,3 +240,38 @@ def test_targets_compute_their_verdicts() -> None:
         (0.85, "missed"),
         (2.0, "met"),
     ]
+
+
+def twin_doc() -> dict[str, Any]:
+    """A twin result made by bench.twin's own row builder from two replayed records, one
+    of which swapped once more for real than in the replay."""
+    node = NodeShape(hbm_bytes=112 * MIB, reserve_bytes=0, per_process_overhead_bytes=0,
+                     pace_bytes_per_second=1e9, swap_in_fixed_seconds=0.05,
+                     swap_out_fixed_seconds=0.01)  # fmt: skip
+    requests = tuple(
+        Request(model=m, arrival_seconds=t, latency_seconds=0.01, correct=True)
+        for m, t in (("c", 0.0), ("a", 0.2), ("b", 0.4), ("d", 1.0))
+    )
+    record = RunRecord(models=("a", "b", "c", "d"), weights_bytes=32 * MIB,
+                       spec={"swapPolicy": {"minResident": "0s"}},
+                       resident_at_start=("a", "b", "c"), requests=requests,
+                       service_seconds=dict.fromkeys("abcd", 0.002), duration_seconds=1.0,
+                       swap_ins=1, swap_outs=1, swap_in_seconds=(0.1,))  # fmt: skip
+    extra = dataclasses.replace(record, swap_ins=2, swap_outs=2)
+    records = [record, extra]
+    judged = verdict(records, [replay(r, node) for r in records])
+    return {
+        **doc("twin", target=1e9),
+        "command": twin.COMMAND,
+        "results": twin.rows(records, [node, node], judged),
+    }
+
+
+def test_the_twin_result_renders_each_run_and_both_verdicts() -> None:
+    page = render.render([twin_doc()])
+    section = page[page.index("## `twin` on") :]
+    assert "SCALED (paced to 1.00 GB/s)" in section
+    assert "| 0 | 4 (4) | 1 / 1 | 1 / 1 |" in section and "| yes |" in section
+    assert "| 1 | 4 (4) | 2 / 1 | 2 / 1 |" in section and "| **no** |" in section
+    assert "swap counts equal in every run" in section and "**MISSED**" in section
+    assert "median swap-in real vs simulated within max(20 %, 20 ms)" in section

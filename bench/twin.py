@@ -1,0 +1,496 @@
+"""`make bench-twin`: the twin check (issue 14, deliverable 7) — a seeded, time-scaled
+scenario run for real in local mode, then replayed through the simulator.
+
+One `modelswap up` node (agent, real Triton on CPU, gateway; one sim GPU whose copies are
+paced to an emulated link well below this machine's copy ceiling: `--pace-gbps`) serves
+`MODELS` generated python-backend models of `WEIGHTS_BYTES` each on a GPU with room for
+three. Each of `--runs` runs replays a trace from the simulator's own generator
+(`simulate/traces.py`: Zipf popularity, gamma inter-arrivals), generated over
+`GENERATED_SECONDS` and compressed `--time-scale` times, through the gateway, open loop,
+every answer checked; one request to each resident model opens the run (so the replay
+knows their last requests). Recorded: every request's send time and latency, each model's
+mean service time (Triton's compute statistics), the agent's swap counts (`GET
+/v1/models`) and each swap-in's duration (the engine's `lastSwapInSeconds`, polled).
+
+Each record is then replayed (`bench/twin_record.py`) through `modelswap simulate`'s event
+loop with the agent's policy module and settings, on one GPU of the node's shape (HBM,
+reserve and per-process overhead from `GET /v1/node`, link = the pace, fixed costs from
+swaps made by hand on the node before each run: `calibrate`). Pass: swap counts equal in
+every run; median swap-in latency within max(20 %, 20 ms). Writes
+bench/results/<machine-class>/twin.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench import results_schema
+from bench.local_node import (
+    MIB,
+    MLP_INPUT,
+    LocalNode,
+    ModelCase,
+    big_checksum,
+    local_node,
+    make_big_model,
+    model_root,
+)
+from bench.twin_record import NodeShape, Request, RunRecord, replay, verdict
+from examples.models import reference
+from modelswap_sidecar.simulate.traces import GeneratorSpec, generate
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMAND = "make bench-twin (python -m bench.twin)"
+MODELS = 6
+WEIGHTS_BYTES = 32 * MIB
+#: room for three models under the high watermark (0.95 x 112 MiB = 106 MiB), not four
+GPU_BYTES = 112 * MIB
+PACE_GBPS = 1.0
+#: the deployments' policy: only admission swaps (no idle rule), every victim eligible at
+#: once (no minResident), all one priority
+SWAP_POLICY = {"idleAfter": "never", "minResident": "0s", "priority": 100, "onSwapOut": "host"}
+GENERATED_SECONDS = 1200.0
+GENERATED_RATE_PER_SECOND = 0.1
+ZIPF_ALPHA = 1.0
+INTER_ARRIVAL_CV = 2.0
+SEED = 14
+#: the resident models' opening requests: this far apart, the trace after them
+OPENING_GAP_SECONDS = 0.25
+#: and this long after the last of them: the opening is over before the trace starts
+OPENING_PAUSE_SECONDS = 1.0
+POLL_SECONDS = 0.02
+CALIBRATION_CYCLES = 3
+BODY = json.dumps(reference.mlp_infer_body(MLP_INPUT)).encode()
+EXPECTED = reference.mlp_forward(MLP_INPUT)
+NOTES = [
+    "Twin check (issue 14, deliverable 7): a seeded, time-scaled scenario run for real in "
+    "local mode (modelswap up: agent, real Triton on CPU, gateway; one sim GPU with copies "
+    "paced to an emulated link: --pace-gbps, so swap-ins take a link's time; SCALED), then "
+    "replayed request by request through the simulator's event loop "
+    "(modelswap_sidecar.simulate.engine) with the agent's policy module and settings.",
+    "Real side: every request sent open loop through the gateway at its trace time, every "
+    "answer checked against examples/models/reference.py; swap counts are the agent's "
+    "(GET /v1/models swapIns/swapOuts over the run); swap-in durations are the engine's "
+    "(lastSwapInSeconds, polled every 20 ms: a model swapped in twice between polls shows "
+    "once, so samples can be fewer than swap-ins).",
+    "Replay: the recorded send times, each request's service time = its model's mean "
+    "Triton compute time over the run, one compute slot per model (one Triton instance "
+    "each), the models resident at the run's start warm and the others in the host store; "
+    "GPU = the node's (GET /v1/node: HBM, reserve, per-process overhead), link = the pace; "
+    "fixed costs calibrated on the node before each run by 3 swap-out/swap-in cycles made "
+    "by hand (swap-in fixed = the engine's median swap-in with no victim - bytes / pace; "
+    "swap-out = the control call's median), never fitted to the compared swaps. A "
+    "simulated swap-in lasts from its admission (victims drained and swapped out inside "
+    "it, as the engine's make_room is inside its swap-in) to its last byte; admissions on "
+    "a GPU are serial, as the agent's Actuator._admission_lock makes them.",
+    "Pass: swap-ins and swap-outs equal in every run; the median swap-in duration over all "
+    "runs (samples pooled) within max(20 %, 20 ms) of the real one.",
+]
+
+
+# -- the real run ----------------------------------------------------------------------------
+
+
+def cases() -> list[ModelCase]:
+    return [ModelCase(f"twin-{i}", "big", WEIGHTS_BYTES) for i in range(MODELS)]
+
+
+def trace_of_run(run: int, time_scale: float) -> list[tuple[float, str]]:
+    """(send time, model) of a run's generated requests, compressed `time_scale` times."""
+    spec = GeneratorSpec(
+        duration_seconds=GENERATED_SECONDS,
+        mean_rate_per_second=GENERATED_RATE_PER_SECOND,
+        zipf_alpha=ZIPF_ALPHA,
+        inter_arrival_cv=INTER_ARRIVAL_CV,
+        seed=SEED + run,
+    )
+    trace = generate(spec, MODELS)
+    return [
+        (at / time_scale, f"twin-{m}")
+        for at, m in zip(trace.arrival_seconds, trace.model_index, strict=True)
+    ]
+
+
+class SwapWatch:
+    """Polls the agent's models on a thread: each swap-in it sees (a model's `swapIns` one
+    higher than at the last look) with the engine's `lastSwapInSeconds`."""
+
+    def __init__(self, node: LocalNode) -> None:
+        self._client = httpx.Client(
+            base_url=node.state["controlUrl"],
+            headers={"Authorization": f"Bearer {node.token}"},
+            timeout=30,
+            trust_env=False,
+        )
+        self.seconds: list[float] = []
+        #: (seconds from `start`, model, "in" | "out") of each swap seen, in order
+        self.events: list[tuple[float, str, str]] = []
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        first = self._models()
+        self._last = {m["name"]: m.get("swapIns", 0) for m in first}
+        self._last_out = {m["name"]: m.get("swapOuts", 0) for m in first}
+        self._thread = threading.Thread(target=self._run, name="twin-swap-watch", daemon=True)
+
+    def _models(self) -> list[dict[str, Any]]:
+        r = self._client.get("/v1/models")
+        r.raise_for_status()
+        models: list[dict[str, Any]] = r.json()["models"]
+        return models
+
+    def _look(self) -> None:
+        at = time.monotonic() - self.start
+        for m in self._models():
+            name = m["name"]
+            count, outs = m.get("swapIns", 0), m.get("swapOuts", 0)
+            if outs > self._last_out.get(name, 0):
+                self.events.append((at, name, "out"))
+            if count > self._last.get(name, 0):
+                self.events.append((at, name, "in"))
+                if m.get("lastSwapInSeconds"):
+                    self.seconds.append(float(m["lastSwapInSeconds"]))
+            self._last[name], self._last_out[name] = count, outs
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            self._look()
+
+    def __enter__(self) -> SwapWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._look()
+        self._client.close()
+
+
+def triton_compute(node: LocalNode, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Per model (deployment name): Triton's (successful inferences, compute nanoseconds:
+    input + infer + output) so far."""
+    out = {}
+    for name in names:
+        r = node.triton.get(f"/v2/models/{node.triton_name(name)}/stats")
+        r.raise_for_status()
+        stats = r.json()["model_stats"][0]["inference_stats"]
+        ns = sum(int(stats[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output"))
+        out[name] = (int(stats["success"]["count"]), ns)
+    return out
+
+
+async def send_all(gateway_url: str, schedule: list[tuple[float, str]]) -> list[Request]:
+    """Each (time, model) sent at its time from now (open loop), answers checked."""
+    want_checksum = big_checksum(WEIGHTS_BYTES)
+    requests: list[Request] = []
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+
+    async with httpx.AsyncClient(
+        base_url=gateway_url, timeout=120, trust_env=False, limits=limits
+    ) as client:
+
+        async def one(at: float, model: str, start: float) -> None:
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent = time.monotonic()
+            correct = False
+            try:
+                r = await client.post(
+                    f"/v2/models/{model}/infer",
+                    content=BODY,
+                    headers={"Content-Type": "application/json"},
+                )
+                if r.status_code == 200:
+                    outputs = {o["name"]: o for o in r.json()["outputs"]}
+                    data = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(-1, 8)
+                    correct = bool(
+                        np.allclose(data, EXPECTED, rtol=1e-4, atol=1e-4)
+                        and int(outputs["CHECKSUM"]["data"][0]) == want_checksum
+                    )
+            except httpx.HTTPError:
+                correct = False
+            requests.append(
+                Request(
+                    model=model,
+                    arrival_seconds=sent - start,
+                    latency_seconds=time.monotonic() - sent,
+                    correct=correct,
+                )
+            )
+
+        start = time.monotonic()
+        await asyncio.gather(*(one(at, model, start) for at, model in schedule))
+    return requests
+
+
+def one_run(node: LocalNode, run: int, time_scale: float) -> RunRecord:
+    names = [c.name for c in cases()]
+    before = node.models()
+    resident = tuple(sorted(n for n in names if before[n]["state"] == "Resident"))
+    opening = [(i * OPENING_GAP_SECONDS, name) for i, name in enumerate(resident)]
+    offset = len(opening) * OPENING_GAP_SECONDS + OPENING_PAUSE_SECONDS
+    schedule = opening + [(offset + at, m) for at, m in trace_of_run(run, time_scale)]
+    stats_before = triton_compute(node, names)
+    with SwapWatch(node) as watch:
+        watch.start = time.monotonic()  # the schedule's clock starts (about) now
+        requests = asyncio.run(send_all(node.state["gatewayUrl"], schedule))
+        time.sleep(0.5)  # the last swap's facts reach the control API
+    after = node.models()
+    stats_after = triton_compute(node, names)
+    service = {}
+    for n in names:
+        count = stats_after[n][0] - stats_before[n][0]
+        ns = stats_after[n][1] - stats_before[n][1]
+        service[n] = ns / count / 1e9 if count else 0.0
+    return RunRecord(
+        models=tuple(names),
+        weights_bytes=WEIGHTS_BYTES,
+        spec={"swapPolicy": SWAP_POLICY},
+        resident_at_start=resident,
+        requests=tuple(requests),
+        service_seconds=service,
+        duration_seconds=max((r.arrival_seconds for r in requests), default=0.0),
+        swap_ins=sum(after[n]["swapIns"] - before[n]["swapIns"] for n in names),
+        swap_outs=sum(after[n]["swapOuts"] - before[n]["swapOuts"] for n in names),
+        swap_in_seconds=tuple(watch.seconds),
+        swap_events=tuple(watch.events),
+    )
+
+
+def node_shape(node: LocalNode, calibration: Calibration) -> NodeShape:
+    r = node.control.get("/v1/node")
+    r.raise_for_status()
+    gpu = r.json()["gpus"][0]
+    pace = PACE_GBPS * 1e9
+    return NodeShape(
+        hbm_bytes=int(gpu["hbmTotalBytes"]),
+        reserve_bytes=int(gpu.get("hbmReservedBytes") or 0),
+        per_process_overhead_bytes=int(gpu.get("perProcessOverheadBytes") or 0),
+        pace_bytes_per_second=pace,
+        swap_in_fixed_seconds=max(calibration.swap_in_median_seconds - WEIGHTS_BYTES / pace, 0.0),
+        swap_out_fixed_seconds=calibration.swap_out_median_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Swaps made by hand on the idle node before the runs, none of them compared: the
+    engine's swap-in duration with nothing to swap out first, and a swap-out's (the
+    control call's) duration. The replay's fixed costs come from these, not from the runs
+    it is compared with."""
+
+    swap_in_seconds: tuple[float, ...]
+    swap_out_seconds: tuple[float, ...]
+
+    @property
+    def swap_in_median_seconds(self) -> float:
+        return float(np.median(self.swap_in_seconds))
+
+    @property
+    def swap_out_median_seconds(self) -> float:
+        return float(np.median(self.swap_out_seconds))
+
+
+def calibrate(node: LocalNode, cycles: int) -> Calibration:
+    """`cycles` swap-outs and swap-ins of one resident model, each swap-in into the room
+    its own swap-out left (no victim)."""
+    models = node.models()
+    name = min(n for n, m in models.items() if m["state"] == "Resident")
+    ins, outs = [], []
+    for _ in range(cycles):
+        started = time.monotonic()
+        node.swap(name, "out")
+        outs.append(time.monotonic() - started)
+        node.swap(name, "in")
+        ins.append(float(node.models()[name]["lastSwapInSeconds"]))
+    return Calibration(tuple(ins), tuple(outs))
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def rows(
+    records: list[RunRecord], shapes: list[NodeShape], judged: dict[str, Any]
+) -> list[dict[str, Any]]:
+    pace = PACE_GBPS * 1e9
+    params = {"model_bytes": WEIGHTS_BYTES, "models": MODELS, "pace_bytes_per_second": pace}
+    out = []
+    real_counts = [float(r.swap_ins) for r in records]
+    sim_counts = [float(r["sim_swap_ins"]) for r in judged["runs"]]
+    counts = results_schema.result(
+        "swap_ins_per_run",
+        params,
+        real_counts,
+        unit="swap-ins",
+        sim_median=float(np.median(sim_counts)),
+        runs_matching=float(sum(r["swap_counts_match"] for r in judged["runs"])),
+        runs=float(len(records)),
+        real_swap_outs_total=float(sum(r.swap_outs for r in records)),
+        sim_swap_outs_total=float(sum(r["sim_swap_outs"] for r in judged["runs"])),
+    )
+    counts["runs"] = judged["runs"]
+    results_schema.target(
+        counts, "runs_matching", ">=", float(len(records)), "swap counts equal in every run"
+    )
+    out.append(counts)
+    real = [s for r in records for s in r.swap_in_seconds]
+    real_median = judged["real_median_swap_in_seconds"] or 0.0
+    sim_median = judged["sim_median_swap_in_seconds"] or 0.0
+    tolerance = max(0.2 * real_median, 0.020)
+    latency = results_schema.result(
+        "swap_in_seconds",
+        params,
+        real or [0.0],
+        sim_median_seconds=sim_median,
+        difference_seconds=abs(real_median - sim_median),
+        tolerance_seconds=tolerance,
+        link_seconds=WEIGHTS_BYTES / pace,
+        fixed_cost_seconds=float(np.median([s.swap_in_fixed_seconds for s in shapes])),
+        swap_out_seconds=float(np.median([s.swap_out_fixed_seconds for s in shapes])),
+        samples_real=float(len(real)),
+        **results_schema.spread(real or [0.0]),
+    )
+    results_schema.target(
+        latency,
+        "difference_seconds",
+        "<=",
+        tolerance,
+        "median swap-in real vs simulated within max(20 %, 20 ms)",
+    )
+    out.append(latency)
+    requests = [r for rec in records for r in rec.requests]
+    latencies = [r.latency_seconds for r in requests]
+    out.append(
+        results_schema.result(
+            "request_latency_seconds",
+            params,
+            latencies,
+            requests=float(len(requests)),
+            correct=float(sum(r.correct for r in requests)),
+            **results_schema.spread(latencies),
+        )
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--time-scale", type=float, default=40.0, help="generated seconds per second")
+    p.add_argument("--no-results", action="store_true", help="print only (tests)")
+    p.add_argument("--record", type=Path, help="also write every run's record here (JSON)")
+    args = p.parse_args(argv)
+    # SIGTERM (make, timeout) unwinds through the context managers that stop the children
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    load_start = results_schema.load_average()
+    records: list[RunRecord] = []
+    with (
+        model_root(0) as root,
+        tempfile.TemporaryDirectory(prefix="modelswap-bench-twin-", dir="/dev/shm") as tmp,
+    ):
+        make_big_model(root, WEIGHTS_BYTES)
+        with local_node(
+            cases(),
+            Path(tmp),
+            GPU_BYTES,
+            root,
+            pace_gbps=PACE_GBPS,
+            swap_policy=SWAP_POLICY,
+            all_resident=False,
+        ) as node:
+            shapes = []
+            for run in range(args.runs):
+                # calibrated before each run: a shared machine's load changes between runs
+                calibration = calibrate(node, CALIBRATION_CYCLES)
+                shapes.append(node_shape(node, calibration))
+                print(
+                    f"calibration: swap-in {calibration.swap_in_median_seconds * 1e3:.1f} ms, "
+                    f"swap-out {calibration.swap_out_median_seconds * 1e3:.1f} ms (medians)",
+                    flush=True,
+                )
+                record = one_run(node, run, args.time_scale)
+                records.append(record)
+                print(
+                    f"run {run}: {len(record.requests)} requests "
+                    f"({sum(r.correct for r in record.requests)} correct), "
+                    f"{record.swap_ins} swap-ins, {record.swap_outs} swap-outs, "
+                    f"{len(record.swap_in_seconds)} swap-in durations seen",
+                    flush=True,
+                )
+    if args.record is not None:
+        args.record.write_text(
+            json.dumps(
+                {"nodes": [asdict(n) for n in shapes], "runs": [asdict(r) for r in records]},
+                indent=1,
+            )
+        )
+    replays = [replay(r, shape) for r, shape in zip(records, shapes, strict=True)]
+    judged = verdict(records, replays)
+    for i, run in enumerate(judged["runs"]):
+        print(f"run {i}: {run}")
+    print(
+        f"median swap-in: real {judged['real_median_swap_in_seconds']}, "
+        f"sim {judged['sim_median_swap_in_seconds']}; met: {judged['met']}"
+    )
+    if args.no_results:
+        return 0
+    path = results_schema.write(
+        "twin",
+        COMMAND,
+        rows(records, shapes, judged),
+        [*NOTES, *findings(records, judged, shapes[0])],
+        backend="sim",
+        scaled=True,
+        scaled_target_bytes_per_second=PACE_GBPS * 1e9,
+        load_average_start=load_start,
+    )
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+def findings(records: list[RunRecord], judged: dict[str, Any], shape: NodeShape) -> list[str]:
+    """What this run's figures say, in words built from them."""
+    wrong = sum(not r.correct for rec in records for r in rec.requests)
+    lines = [
+        f"Scenario: {MODELS} models of {WEIGHTS_BYTES >> 20} MiB on one sim GPU of "
+        f"{GPU_BYTES >> 20} MiB (room for three), pace {PACE_GBPS:g} GB/s; trace: the "
+        f"simulator's generator over {GENERATED_SECONDS:g} s at "
+        f"{GENERATED_RATE_PER_SECOND:g}/s, Zipf alpha {ZIPF_ALPHA:g}, gamma CV "
+        f"{INTER_ARRIVAL_CV:g}, seeds {SEED}..{SEED + len(records) - 1}, compressed "
+        f"{GENERATED_SECONDS / max(r.duration_seconds for r in records):.0f}x; swapPolicy "
+        f"{json.dumps(SWAP_POLICY)}; node budget {shape.hbm_bytes >> 20} MiB HBM, "
+        f"{shape.reserve_bytes >> 20} MiB reserve, "
+        f"{shape.per_process_overhead_bytes >> 20} MiB per process.",
+        f"Requests with a wrong or failed answer: {wrong}.",
+    ]
+    mismatched = [i for i, r in enumerate(judged["runs"]) if not r["swap_counts_match"]]
+    if mismatched:
+        lines.append(
+            "Swap counts differ in runs "
+            + ", ".join(
+                f"{i} (real {judged['runs'][i]['real_swap_ins']} in / "
+                f"{judged['runs'][i]['real_swap_outs']} out, simulated "
+                f"{judged['runs'][i]['sim_swap_ins']} / {judged['runs'][i]['sim_swap_outs']})"
+                for i in mismatched
+            )
+            + "."
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
