@@ -399,6 +399,23 @@ async def test_a_uid_that_is_not_a_uuid_is_refused_naming_the_field_and_nothing_
         assert (await node.put(desired(1, 3, entry(A), entry(B))))[0] == 200
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("segment", ["%7B", "%7D", "a%7Bb%7D", "not-a-uuid"])
+async def test_a_malformed_uid_in_the_path_is_a_400_naming_uid(node: Node, segment: str) -> None:
+    """Found by the generated-request suite: `{` or `}` in the segment matched no route
+    (aiohttp's default pattern leaves them out) and was answered an undocumented 404."""
+    async with node.served():
+        for method, path in (
+            ("GET", f"/v1/models/{segment}"),
+            ("DELETE", f"/v1/models/{segment}"),
+            ("POST", f"/v1/models/{segment}/swap-in"),
+            ("POST", f"/v1/models/{segment}/swap-out"),
+        ):
+            response = await node.client.request(method, path, headers=AUTH)
+            answer = await response.json()
+            assert (response.status, answer.get("field")) == (400, "uid"), (method, path, answer)
+
+
 # --- authentication ------------------------------------------------------------------------
 
 

@@ -67,10 +67,13 @@ def make_app(service: ControlService, token: TokenFile) -> web.Application:
     app.router.add_put("/v1/desired", _put_desired)
     app.router.add_get("/v1/node", _get_node, allow_head=False)
     app.router.add_get("/v1/models", _list_models, allow_head=False)
-    app.router.add_get("/v1/models/{uid}", _get_model, allow_head=False)
-    app.router.add_delete("/v1/models/{uid}", _delete_model)
-    app.router.add_post("/v1/models/{uid}/swap-in", _swap_in)
-    app.router.add_post("/v1/models/{uid}/swap-out", _swap_out)
+    # Any segment is a uid to the router (aiohttp's default leaves out `{` and `}`), so a
+    # malformed one reaches `_uid` and is refused 400 naming `uid`, never an unrouted 404.
+    model = "/v1/models/{uid:[^/]+}"
+    app.router.add_get(model, _get_model, allow_head=False)
+    app.router.add_delete(model, _delete_model)
+    app.router.add_post(model + "/swap-in", _swap_in)
+    app.router.add_post(model + "/swap-out", _swap_out)
     app.router.add_get(OPENAPI_PATH, _openapi, allow_head=False)
     app.cleanup_ctx.append(_unload_timer)
     return app
