@@ -442,6 +442,15 @@ def _twin_table(doc: dict[str, Any]) -> list[str]:
         f"the calibrated fixed cost {_ms(mt['fixed_cost_seconds'])}; real spread "
         f"{_ms(mt['min'])} .. {_ms(mt['max'])}.",
     ]
+    for name, what in (("calibration_swap_in_seconds", "swap-ins"),
+                       ("calibration_swap_out_seconds", "swap-outs")):  # fmt: skip
+        row = by_name.get(name)
+        if row is not None:
+            m = row["metrics"]
+            lines.append(
+                f"Calibration {what} by hand before the runs ({len(row['samples'])}, nothing "
+                f"to evict): median {_ms(row['median'])}, {_ms(m['min'])} .. {_ms(m['max'])}."
+            )
     return lines
 
 

@@ -387,6 +387,20 @@ def rows(
     return out
 
 
+def calibration_rows(calibrations: list[Calibration]) -> list[dict[str, Any]]:
+    """Every calibration swap, all runs together: how much a swap with nothing else to do
+    varies on this node."""
+    params = {"model_bytes": WEIGHTS_BYTES, "pace_bytes_per_second": PACE_GBPS * 1e9}
+    ins = [x for c in calibrations for x in c.swap_in_seconds]
+    outs = [x for c in calibrations for x in c.swap_out_seconds]
+    return [
+        results_schema.result("calibration_swap_in_seconds", params, ins,
+                              **results_schema.spread(ins)),
+        results_schema.result("calibration_swap_out_seconds", params, outs,
+                              **results_schema.spread(outs)),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--runs", type=int, default=5)
@@ -412,10 +426,11 @@ def main(argv: list[str] | None = None) -> int:
             swap_policy=SWAP_POLICY,
             all_resident=False,
         ) as node:
-            shapes = []
+            shapes, calibrations = [], []
             for run in range(args.runs):
                 # calibrated before each run: a shared machine's load changes between runs
                 calibration = calibrate(node, CALIBRATION_CYCLES)
+                calibrations.append(calibration)
                 shapes.append(node_shape(node, calibration))
                 print(
                     f"calibration: swap-in {calibration.swap_in_median_seconds * 1e3:.1f} ms, "
@@ -451,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     path = results_schema.write(
         "twin",
         COMMAND,
-        rows(records, shapes, judged),
+        rows(records, shapes, judged) + calibration_rows(calibrations),
         [*NOTES, *findings(records, judged, shapes[0])],
         backend="sim",
         scaled=True,

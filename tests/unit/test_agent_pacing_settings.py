@@ -14,6 +14,7 @@ import pytest
 from modelswap_sidecar.agent.assembly import sim_paces
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.gpu_setup import measure_links
+from modelswap_sidecar.agent.ports.cluster_heartbeat import link_speeds
 from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
 from modelswap_sidecar.gpu.inventory import GpuInventory, NodeGpu
 from modelswap_sidecar.local.command import settings_from_args
@@ -140,3 +141,11 @@ def test_modelswap_up_refuses_a_bad_pace_by_flag(
     with pytest.raises(LocalModeError) as caught:
         settings_from_args(local_args(tmp_path, **given))
     assert str(caught.value).startswith(message)
+
+
+def test_the_swapnode_reports_a_paced_sim_gpus_pace_as_its_link() -> None:
+    settings = settings_from_document(
+        document([{"uuid": "a", "capacityBytes": "64Mi", "paceGBps": 2},
+                  {"uuid": "b", "capacityBytes": "64Mi", "linkGBps": 9}])
+    )  # fmt: skip
+    assert asyncio.run(link_speeds(settings)) == [2.0, 9.0]

@@ -49,8 +49,9 @@ def advertised_host(settings: AgentSettings) -> str:
 
 
 async def link_speeds(settings: AgentSettings) -> list[float]:
-    """Each GPU's configured `linkGBps`, the measured copy rate where none is set."""
-    configured = [g.link_gbps for g in settings.gpus]
+    """Each GPU's configured `linkGBps` (else its `paceGBps`: the link its copies are paced
+    to), the measured copy rate where neither is set."""
+    configured = [g.link_gbps or g.pace_gbps for g in settings.gpus]
     if all(g is not None for g in configured):
         return [g for g in configured if g is not None]
     measured = await asyncio.to_thread(measure_copy_gbps)
