@@ -20,11 +20,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
-import io
 import json
 import re
-import tarfile
-import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +57,7 @@ from tests.support.dashboard import dashboard_metrics, named_metrics, scraped_na
 from tests.support.kube_emulator.audit import RequestRecord
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, Kubectl, api_client, load_yaml
+from tests.support.origin import mlp_archive, served
 from tests.support.service_calls import mlp_answers, slice_address
 from tests.support.waiting import until
 
@@ -96,20 +94,10 @@ class _Sources(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def source_server() -> Iterator[str]:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(EXAMPLES / "models" / "mlp", arcname="mlp")
-    _Sources.archive = buffer.getvalue()
+    _Sources.archive = mlp_archive()
     _Sources.authorizations = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sources)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with served(_Sources) as url:
+        yield url
 
 
 # -- what a user sees ----------------------------------------------------------------------------
