@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench import render, results_schema, twin
-from bench.twin_record import NodeShape, Request, RunRecord, replay, verdict
+from bench.twin_record import NodeShape, Request, RunRecord, SwapSeen, replay, verdict
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -252,14 +252,19 @@ def twin_doc() -> dict[str, Any]:
         Request(model=m, arrival_seconds=t, latency_seconds=0.01, correct=True)
         for m, t in (("c", 0.0), ("a", 0.2), ("b", 0.4), ("d", 1.0))
     )
+    swaps = (
+        SwapSeen(model="c", kind="out", seen_at_seconds=1.1, number=1),
+        SwapSeen(model="d", kind="in", seen_at_seconds=1.1, number=1, seconds=0.1),
+    )
     record = RunRecord(models=("a", "b", "c", "d"), weights_bytes=32 * MIB,
                        spec={"swapPolicy": {"minResident": "0s"}},
                        resident_at_start=("a", "b", "c"), requests=requests,
-                       service_seconds=dict.fromkeys("abcd", 0.002), duration_seconds=1.0,
-                       swap_ins=1, swap_outs=1, swap_in_seconds=(0.1,))  # fmt: skip
+                       duration_seconds=1.0, swap_ins=1, swap_outs=1, swaps=swaps)  # fmt: skip
     extra = dataclasses.replace(record, swap_ins=2, swap_outs=2)
     records = [record, extra]
-    judged = verdict(records, [replay(r, node) for r in records])
+    judged = verdict(
+        records, [replay(r, node, "follow") for r in records], [replay(r, node) for r in records]
+    )
     return {
         **doc("twin", target=1e9),
         "command": twin.COMMAND,
