@@ -8,16 +8,20 @@ three. Each of `--runs` runs replays a trace from the simulator's own generator
 (`simulate/traces.py`: Zipf popularity, gamma inter-arrivals), generated over
 `GENERATED_SECONDS` and compressed `--time-scale` times, through the gateway, open loop,
 every answer checked; one request to each resident model opens the run (so the replay
-knows their last requests). Recorded: every request's send time and latency, each model's
-mean service time (Triton's compute statistics), the agent's swap counts (`GET
-/v1/models`) and each swap-in's duration (the engine's `lastSwapInSeconds`, polled).
+knows their last requests). Recorded: every request's send time, latency and the gateway's
+wait for its model's swap-in (`X-Modelswap-Queue-Wait-Seconds`), the agent's swap counts
+(`GET /v1/models`) and every swap it makes (polled), each swap-in with the engine's
+duration (`lastSwapInSeconds`).
 
-Each record is then replayed (`bench/twin_record.py`) through `modelswap simulate`'s event
-loop with the agent's policy module and settings, on one GPU of the node's shape (HBM,
-reserve and per-process overhead from `GET /v1/node`, link = the pace, fixed costs from
-swaps made by hand on the node before each run: `calibrate`). Pass: swap counts equal in
-every run; median swap-in latency within max(20 %, 20 ms). Writes
-bench/results/<machine-class>/twin.json.
+Each record is then replayed twice (`bench/twin_record.py`) through `modelswap simulate`'s
+event loop with the agent's policy module and settings, on one GPU of the node's shape
+(HBM, reserve and per-process overhead from `GET /v1/node`, link = the pace), each request
+with its own service time (its latency less its wait): at the fixed costs of swaps made by
+hand on the node before each run (`calibrate`), a prediction the latency check compares;
+and with each swap-in costing what the real one did, which the count check compares.
+Pass: swap counts equal in every run; median swap-in latency within max(20 %, 20 ms).
+Writes bench/results/<machine-class>/twin.json. `--record FILE` also writes the records,
+`--replay FILE` replays them again without a node.
 """
 
 from __future__ import annotations
@@ -48,8 +52,19 @@ from bench.local_node import (
     make_big_model,
     model_root,
 )
-from bench.twin_record import NodeShape, Request, RunRecord, replay, verdict
+from bench.twin_record import (
+    NodeShape,
+    Replay,
+    Request,
+    RunRecord,
+    SwapSeen,
+    first_divergence,
+    load_records,
+    replay,
+    verdict,
+)
 from examples.models import reference
+from modelswap_sidecar.gateway.exchange import QUEUE_WAIT_HEADER
 from modelswap_sidecar.simulate.traces import GeneratorSpec, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +87,8 @@ OPENING_GAP_SECONDS = 0.25
 #: and this long after the last of them: the opening is over before the trace starts
 OPENING_PAUSE_SECONDS = 1.0
 POLL_SECONDS = 0.02
+#: the requests' and the swap watch's shared clock starts this long after both are set up
+START_LEAD_SECONDS = 0.2
 CALIBRATION_CYCLES = 3
 BODY = json.dumps(reference.mlp_infer_body(MLP_INPUT)).encode()
 EXPECTED = reference.mlp_forward(MLP_INPUT)
@@ -86,18 +103,28 @@ NOTES = [
     "(GET /v1/models swapIns/swapOuts over the run); swap-in durations are the engine's "
     "(lastSwapInSeconds, polled every 20 ms: a model swapped in twice between polls shows "
     "once, so samples can be fewer than swap-ins).",
-    "Replay: the recorded send times, each request's service time = its model's mean "
-    "Triton compute time over the run, one compute slot per model (one Triton instance "
-    "each), the models resident at the run's start warm and the others in the host store; "
-    "GPU = the node's (GET /v1/node: HBM, reserve, per-process overhead), link = the pace; "
-    "fixed costs calibrated on the node before each run by 3 swap-out/swap-in cycles made "
-    "by hand (swap-in fixed = the engine's median swap-in with no victim - bytes / pace; "
-    "swap-out = the control call's median), never fitted to the compared swaps. A "
-    "simulated swap-in lasts from its admission (victims drained and swapped out inside "
-    "it, as the engine's make_room is inside its swap-in) to its last byte; admissions on "
-    "a GPU are serial, as the agent's Actuator._admission_lock makes them.",
-    "Pass: swap-ins and swap-outs equal in every run; the median swap-in duration over all "
-    "runs (samples pooled) within max(20 %, 20 ms) of the real one.",
+    "Replay (both ways): the recorded send times, each request's own service time = its "
+    "latency less the gateway's wait for its model's swap-in (X-Modelswap-Queue-Wait-"
+    "Seconds), a compute slot per model (one Triton instance each), the models resident at "
+    "the run's start warm and the others in the host store; GPU = the node's (GET /v1/node: "
+    "HBM, reserve, per-process overhead), link = the pace; admissions on a GPU serial, as "
+    "the agent's Actuator._admission_lock makes them; a simulated swap-in lasts from its "
+    "admission (victims swapped out inside it, as the engine's make_room is inside its "
+    "swap-in) to its end.",
+    "Latency check (the prediction): every swap costs what calibration measured on the "
+    "node before the run, 3 swap-out/swap-in cycles made by hand (swap-in fixed = the "
+    "engine's median swap-in with no victim - bytes / pace; swap-out = the control call's "
+    "median), never fitted to the compared swaps.",
+    "Count check (the replay follows the record): the n-th swap-in of a model ends when "
+    "the real n-th one did as the gateway saw it (the latest send time + queue wait of the "
+    "requests that waited for it), or the engine's duration of it after the replay's "
+    "admission, whichever is later; swap-outs take no time of their own (they are inside "
+    "the recorded swap-ins). What is left to the simulator is what it decides: admissions, "
+    "victims, the order of the models that wait. A swap-in the record has no cost for is "
+    "charged the calibrated one (counted in the findings).",
+    "Pass: swap-ins and swap-outs equal in every run (the count check's replay); the median "
+    "swap-in duration over all runs (samples pooled) within max(20 %, 20 ms) of the real one "
+    "(the prediction's).",
 ]
 
 
@@ -125,24 +152,24 @@ def trace_of_run(run: int, time_scale: float) -> list[tuple[float, str]]:
 
 
 class SwapWatch:
-    """Polls the agent's models on a thread: each swap-in it sees (a model's `swapIns` one
-    higher than at the last look) with the engine's `lastSwapInSeconds`."""
+    """Polls the agent's models on a thread from `start` (a monotonic time): each swap it
+    sees (a model's `swapIns` or `swapOuts` higher than at the last look), a swap-in with
+    the engine's `lastSwapInSeconds`."""
 
-    def __init__(self, node: LocalNode) -> None:
+    def __init__(self, node: LocalNode, start: float) -> None:
         self._client = httpx.Client(
             base_url=node.state["controlUrl"],
             headers={"Authorization": f"Bearer {node.token}"},
             timeout=30,
             trust_env=False,
         )
-        self.seconds: list[float] = []
-        #: (seconds from `start`, model, "in" | "out") of each swap seen, in order
-        self.events: list[tuple[float, str, str]] = []
-        self.start = time.monotonic()
+        self.swaps: list[SwapSeen] = []
+        self.start = start
         self._stop = threading.Event()
         first = self._models()
-        self._last = {m["name"]: m.get("swapIns", 0) for m in first}
-        self._last_out = {m["name"]: m.get("swapOuts", 0) for m in first}
+        self._first_in = {m["name"]: m.get("swapIns", 0) for m in first}
+        self._first_out = {m["name"]: m.get("swapOuts", 0) for m in first}
+        self._last_in, self._last_out = dict(self._first_in), dict(self._first_out)
         self._thread = threading.Thread(target=self._run, name="twin-swap-watch", daemon=True)
 
     def _models(self) -> list[dict[str, Any]]:
@@ -155,14 +182,22 @@ class SwapWatch:
         at = time.monotonic() - self.start
         for m in self._models():
             name = m["name"]
-            count, outs = m.get("swapIns", 0), m.get("swapOuts", 0)
-            if outs > self._last_out.get(name, 0):
-                self.events.append((at, name, "out"))
-            if count > self._last.get(name, 0):
-                self.events.append((at, name, "in"))
-                if m.get("lastSwapInSeconds"):
-                    self.seconds.append(float(m["lastSwapInSeconds"]))
-            self._last[name], self._last_out[name] = count, outs
+            ins, outs = m.get("swapIns", 0), m.get("swapOuts", 0)
+            # numbered within the run; several between two looks: only the last one's
+            # duration is known (swap-outs first: a swap-in's victims go out inside it)
+            for n in range(self._last_out.get(name, 0) + 1, outs + 1):
+                self.swaps.append(
+                    SwapSeen(model=name, kind="out", seen_at_seconds=at,
+                             number=n - self._first_out.get(name, 0))
+                )  # fmt: skip
+            for n in range(self._last_in.get(name, 0) + 1, ins + 1):
+                seconds = m.get("lastSwapInSeconds") if n == ins else None
+                self.swaps.append(
+                    SwapSeen(model=name, kind="in", seen_at_seconds=at,
+                             number=n - self._first_in.get(name, 0),
+                             seconds=float(seconds) if seconds else None)
+                )  # fmt: skip
+            self._last_in[name], self._last_out[name] = ins, outs
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
@@ -192,8 +227,11 @@ def triton_compute(node: LocalNode, names: list[str]) -> dict[str, tuple[int, in
     return out
 
 
-async def send_all(gateway_url: str, schedule: list[tuple[float, str]]) -> list[Request]:
-    """Each (time, model) sent at its time from now (open loop), answers checked."""
+async def send_all(
+    gateway_url: str, schedule: list[tuple[float, str]], start: float
+) -> list[Request]:
+    """Each (time, model) sent at `start` (a monotonic time) + its time (open loop),
+    answers checked, the gateway's wait for a swap-in read from its answer header."""
     want_checksum = big_checksum(WEIGHTS_BYTES)
     requests: list[Request] = []
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
@@ -208,12 +246,14 @@ async def send_all(gateway_url: str, schedule: list[tuple[float, str]]) -> list[
                 await asyncio.sleep(delay)
             sent = time.monotonic()
             correct = False
+            waited = 0.0
             try:
                 r = await client.post(
                     f"/v2/models/{model}/infer",
                     content=BODY,
                     headers={"Content-Type": "application/json"},
                 )
+                waited = float(r.headers.get(QUEUE_WAIT_HEADER, 0.0))
                 if r.status_code == 200:
                     outputs = {o["name"]: o for o in r.json()["outputs"]}
                     data = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(-1, 8)
@@ -229,10 +269,10 @@ async def send_all(gateway_url: str, schedule: list[tuple[float, str]]) -> list[
                     arrival_seconds=sent - start,
                     latency_seconds=time.monotonic() - sent,
                     correct=correct,
+                    queue_wait_seconds=waited,
                 )
             )
 
-        start = time.monotonic()
         await asyncio.gather(*(one(at, model, start) for at, model in schedule))
     return requests
 
@@ -245,29 +285,30 @@ def one_run(node: LocalNode, run: int, time_scale: float) -> RunRecord:
     offset = len(opening) * OPENING_GAP_SECONDS + OPENING_PAUSE_SECONDS
     schedule = opening + [(offset + at, m) for at, m in trace_of_run(run, time_scale)]
     stats_before = triton_compute(node, names)
-    with SwapWatch(node) as watch:
-        watch.start = time.monotonic()  # the schedule's clock starts (about) now
-        requests = asyncio.run(send_all(node.state["gatewayUrl"], schedule))
+    # one clock for the requests and the swaps seen, starting once both are ready
+    start = time.monotonic() + START_LEAD_SECONDS
+    with SwapWatch(node, start) as watch:
+        requests = asyncio.run(send_all(node.state["gatewayUrl"], schedule, start))
         time.sleep(0.5)  # the last swap's facts reach the control API
     after = node.models()
     stats_after = triton_compute(node, names)
-    service = {}
+    compute = {}
     for n in names:
         count = stats_after[n][0] - stats_before[n][0]
         ns = stats_after[n][1] - stats_before[n][1]
-        service[n] = ns / count / 1e9 if count else 0.0
+        compute[n] = ns / count / 1e9 if count else 0.0
     return RunRecord(
         models=tuple(names),
         weights_bytes=WEIGHTS_BYTES,
         spec={"swapPolicy": SWAP_POLICY},
         resident_at_start=resident,
         requests=tuple(requests),
-        service_seconds=service,
         duration_seconds=max((r.arrival_seconds for r in requests), default=0.0),
         swap_ins=sum(after[n]["swapIns"] - before[n]["swapIns"] for n in names),
         swap_outs=sum(after[n]["swapOuts"] - before[n]["swapOuts"] for n in names),
-        swap_in_seconds=tuple(watch.seconds),
-        swap_events=tuple(watch.events),
+        swaps=tuple(watch.swaps),
+        seed=SEED + run,
+        triton_compute_seconds=compute,
     )
 
 
@@ -341,6 +382,14 @@ def rows(
         runs=float(len(records)),
         real_swap_outs_total=float(sum(r.swap_outs for r in records)),
         sim_swap_outs_total=float(sum(r["sim_swap_outs"] for r in judged["runs"])),
+        # the latency check's replay (calibrated costs), for comparison: not judged
+        predicted_runs_matching=float(
+            sum(
+                (r["predicted_swap_ins"], r["predicted_swap_outs"])
+                == (r["real_swap_ins"], r["real_swap_outs"])
+                for r in judged["runs"]
+            )
+        ),
     )
     counts["runs"] = judged["runs"]
     results_schema.target(
@@ -407,7 +456,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=40.0, help="generated seconds per second")
     p.add_argument("--no-results", action="store_true", help="print only (tests)")
     p.add_argument("--record", type=Path, help="also write every run's record here (JSON)")
+    p.add_argument(
+        "--first-run", type=int, default=0, help="number of the first run (its seed: 14 + it)"
+    )
+    p.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="replay a record written by --record (no node is started) and print the verdict",
+    )
     args = p.parse_args(argv)
+    if args.replay is not None:
+        recorded_shapes, recorded = load_records(json.loads(args.replay.read_text()))
+        report(recorded, recorded_shapes)
+        return 0
     # SIGTERM (make, timeout) unwinds through the context managers that stop the children
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load_start = results_schema.load_average()
@@ -427,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             all_resident=False,
         ) as node:
             shapes, calibrations = [], []
-            for run in range(args.runs):
+            for run in range(args.first_run, args.first_run + args.runs):
                 # calibrated before each run: a shared machine's load changes between runs
                 calibration = calibrate(node, CALIBRATION_CYCLES)
                 calibrations.append(calibration)
@@ -453,21 +515,14 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
         )
-    replays = [replay(r, shape) for r, shape in zip(records, shapes, strict=True)]
-    judged = verdict(records, replays)
-    for i, run in enumerate(judged["runs"]):
-        print(f"run {i}: {run}")
-    print(
-        f"median swap-in: real {judged['real_median_swap_in_seconds']}, "
-        f"sim {judged['sim_median_swap_in_seconds']}; met: {judged['met']}"
-    )
+    judged, followed = report(records, shapes)
     if args.no_results:
         return 0
     path = results_schema.write(
         "twin",
         COMMAND,
         rows(records, shapes, judged) + calibration_rows(calibrations),
-        [*NOTES, *findings(records, judged, shapes[0])],
+        [*NOTES, *findings(records, judged, followed, shapes[0])],
         backend="sim",
         scaled=True,
         scaled_target_bytes_per_second=PACE_GBPS * 1e9,
@@ -477,33 +532,78 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def findings(records: list[RunRecord], judged: dict[str, Any], shape: NodeShape) -> list[str]:
+def report(
+    records: list[RunRecord], shapes: list[NodeShape]
+) -> tuple[dict[str, Any], list[Replay]]:
+    """Each record replayed both ways (bench/twin_record.py), the verdict printed."""
+    pairs = list(zip(records, shapes, strict=True))
+    followed = [replay(r, shape, "follow") for r, shape in pairs]
+    judged = verdict(records, followed, [replay(r, shape, "predict") for r, shape in pairs])
+    for i, run in enumerate(judged["runs"]):
+        print(f"run {i}: {run}")
+    for i, (record, follow) in enumerate(zip(records, followed, strict=True)):
+        parted = first_divergence(record, follow)
+        if parted is not None:
+            print(f"run {i} parts at {parted}")
+    print(
+        f"median swap-in: real {judged['real_median_swap_in_seconds']}, "
+        f"sim {judged['sim_median_swap_in_seconds']}; met: {judged['met']}"
+    )
+    return judged, followed
+
+
+def findings(
+    records: list[RunRecord], judged: dict[str, Any], followed: list[Replay], shape: NodeShape
+) -> list[str]:
     """What this run's figures say, in words built from them."""
     wrong = sum(not r.correct for rec in records for r in rec.requests)
+    seeds = [r.seed for r in records]
+    served = [q.service_seconds for rec in records for q in rec.requests]
+    compute = [s for rec in records for s in rec.triton_compute_seconds.values() if s]
+    runs = judged["runs"]
     lines = [
         f"Scenario: {MODELS} models of {WEIGHTS_BYTES >> 20} MiB on one sim GPU of "
         f"{GPU_BYTES >> 20} MiB (room for three), pace {PACE_GBPS:g} GB/s; trace: the "
         f"simulator's generator over {GENERATED_SECONDS:g} s at "
         f"{GENERATED_RATE_PER_SECOND:g}/s, Zipf alpha {ZIPF_ALPHA:g}, gamma CV "
-        f"{INTER_ARRIVAL_CV:g}, seeds {SEED}..{SEED + len(records) - 1}, compressed "
+        f"{INTER_ARRIVAL_CV:g}, seeds {', '.join(map(str, seeds))}, compressed "
         f"{GENERATED_SECONDS / max(r.duration_seconds for r in records):.0f}x; swapPolicy "
         f"{json.dumps(SWAP_POLICY)}; node budget {shape.hbm_bytes >> 20} MiB HBM, "
         f"{shape.reserve_bytes >> 20} MiB reserve, "
         f"{shape.per_process_overhead_bytes >> 20} MiB per process.",
         f"Requests with a wrong or failed answer: {wrong}.",
-    ]
-    mismatched = [i for i, r in enumerate(judged["runs"]) if not r["swap_counts_match"]]
-    if mismatched:
-        lines.append(
-            "Swap counts differ in runs "
-            + ", ".join(
-                f"{i} (real {judged['runs'][i]['real_swap_ins']} in / "
-                f"{judged['runs'][i]['real_swap_outs']} out, simulated "
-                f"{judged['runs'][i]['sim_swap_ins']} / {judged['runs'][i]['sim_swap_outs']})"
-                for i in mismatched
+        f"Service times replayed (each request's latency less the gateway's wait for its "
+        f"swap-in): median {np.median(served) * 1e3:.1f} ms, p90 "
+        f"{np.percentile(served, 90) * 1e3:.1f} ms; Triton's own compute, per model over a "
+        f"run, median {np.median(compute or [0.0]) * 1e3:.1f} ms (the rest is the gateway, "
+        f"the client and the loopback).",
+        f"Real swap-ins replayed at their own cost (count check): "
+        f"{sum(r.swap_ins for r in records) - sum(f.unrecorded_swap_ins for f in followed)} "
+        f"of {sum(r.swap_ins for r in records)}; the replay's swap-ins the record had no "
+        f"cost for (calibrated instead): {sum(f.unrecorded_swap_ins for f in followed)}; "
+        f"admissions whose victim still had requests in flight (the replay starts those "
+        f"swap-ins after the drain, the engine within its timing): "
+        f"{sum(r['drained_admissions'] for r in runs)}.",
+        f"With the calibrated costs instead (the latency check's replay), swap counts equal "
+        f"in {sum(r['predicted_swap_ins'] == r['real_swap_ins'] for r in runs)} of "
+        f"{len(runs)} runs (" + ", ".join(
+            f"{r['real_swap_ins']} real / {r['predicted_swap_ins']}" for r in runs
+        ) + " swap-ins).",
+    ]  # fmt: skip
+    for i, (record, follow) in enumerate(zip(records, followed, strict=True)):
+        parted = first_divergence(record, follow)
+        run = runs[i]
+        if not run["swap_counts_match"]:
+            lines.append(
+                f"Run {i} (seed {record.seed}): swap counts differ (real "
+                f"{run['real_swap_ins']} in / {run['real_swap_outs']} out, replayed "
+                f"{run['sim_swap_ins']} / {run['sim_swap_outs']}); the sequences part at "
+                f"{parted or 'no swap-in (the difference is in swap-ins not seen)'}."
             )
-            + "."
-        )
+        elif parted is not None:
+            lines.append(
+                f"Run {i} (seed {record.seed}): counts equal, but the sequences part at {parted}."
+            )
     return lines
 
 

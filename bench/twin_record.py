@@ -2,27 +2,42 @@
 the simulator's inputs and replayed, and the verdict comparing the two (issue 14,
 deliverable 7). `bench/twin.py` makes the records (side effects); nothing here does I/O.
 
-A record holds every request's arrival (when it was sent, seconds from the run's start),
-its model and latency; each model's mean service time (Triton's own compute statistics
-over the run); the models resident when the run started; and the agent's swap counts and
-swap-in durations over the run. The replay runs `modelswap_sidecar.simulate.engine` with
-the agent's policy module and the agent's own policy settings (watermarks only), one GPU
-shaped like the node's sim GPU (HBM, reserve, per-process overhead from `GET /v1/node`,
-the link = the pace), the recorded arrivals, and each request's service time.
+A record holds every request's send time (seconds from the run's start), model, latency
+and the gateway's wait for its model's swap-in (`X-Modelswap-Queue-Wait-Seconds`); the
+models resident when the run started; the agent's swap counts; and every swap the agent
+was seen to make (polled), each swap-in with the engine's own duration.
+
+Each record is replayed twice through `modelswap_sidecar.simulate.engine`, both times with
+the agent's policy module and settings (watermarks only), one GPU shaped like the node's
+sim GPU (HBM, reserve, per-process overhead from `GET /v1/node`, link = the pace), the
+recorded send times and each request's own service time (its latency less its wait):
+
+- `predict`: every swap costs what the calibration measured before the run (fixed costs
+  plus bytes over the link). An independent prediction: the latency check compares its
+  swap-in durations with the real ones.
+- `follow`: every swap-in costs what the real one did (`swap_in_ends`): the replay's n-th
+  swap-in of a model ends when the real n-th one did, as the gateway saw it, or its
+  recorded duration after the replay admitted it, whichever is later; swap-outs are
+  inside it (the engine swaps victims out within its swap-in). What is left to the
+  simulator is what it decides: admissions, victims, the order of waiting models. The
+  count check compares its swap counts with the real ones; `first_divergence` says where
+  a run's sequences part.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from modelswap_sidecar.policy.inputs import PolicySettings
+from modelswap_sidecar.policy.inputs import PolicySettings, Residency
 from modelswap_sidecar.simulate.catalogue import CatalogueModel, resolve_policies
 from modelswap_sidecar.simulate.engine import RunResult, run
 from modelswap_sidecar.simulate.gpu import GpuShape
-from modelswap_sidecar.simulate.policies import Modelswap
+from modelswap_sidecar.simulate.policies import Decision, Modelswap, Transfer
+from modelswap_sidecar.simulate.state import GpuState, ModelState
 from modelswap_sidecar.simulate.traces import Trace
 
 #: the trace's token unit: a request's service time is `output_tokens` microseconds
@@ -30,6 +45,8 @@ SECONDS_PER_TOKEN = 1e-6
 #: issue 14: median swap-in latencies agree within max(20 %, 20 ms)
 LATENCY_RELATIVE_TOLERANCE = 0.20
 LATENCY_ABSOLUTE_TOLERANCE_SECONDS = 0.020
+
+Mode = Literal["predict", "follow"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +57,30 @@ class Request:
     latency_seconds: float
     #: answered 200 with the reference answer
     correct: bool
+    #: how long the gateway held it for its model's swap-in (its X-Modelswap-Queue-Wait-
+    #: Seconds answer header; 0 when the model was resident)
+    queue_wait_seconds: float = 0.0
+
+    @property
+    def service_seconds(self) -> float:
+        """Its own service time: in flight once its model served it (forwarding, Triton's
+        queue and compute, the answer back), as the client timed it."""
+        return max(self.latency_seconds - self.queue_wait_seconds, SECONDS_PER_TOKEN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapSeen:
+    """One swap the agent made, as a poll of `GET /v1/models` saw it."""
+
+    model: str
+    kind: Literal["in", "out"]
+    #: when the poll saw it (seconds from the run's start): at or after it ended
+    seen_at_seconds: float
+    #: the model's swap-ins (or swap-outs) in this run so far, this one included
+    number: int
+    #: a swap-in's duration as the engine timed it (from its admission, victims' swap-out
+    #: inside); None when a later swap-in of the same model came before the poll
+    seconds: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,20 +108,42 @@ class RunRecord:
     spec: Mapping[str, Any]
     resident_at_start: tuple[str, ...]
     requests: tuple[Request, ...]
-    #: per model, the mean service time of its requests (seconds)
-    service_seconds: Mapping[str, float]
     duration_seconds: float
+    #: the agent's counts over the run (GET /v1/models, before and after)
     swap_ins: int
     swap_outs: int
-    #: the agent's swap-in durations seen over the run (may be fewer than `swap_ins`)
-    swap_in_seconds: tuple[float, ...]
-    #: (seconds from the start, model, "in" | "out") of each swap seen, for diagnosis
-    swap_events: tuple[tuple[float, str, str], ...] = ()
+    #: every swap seen, in the order seen
+    swaps: tuple[SwapSeen, ...] = ()
+    #: the trace's seed (bench/twin.py's generator)
+    seed: int | None = None
+    #: per model, Triton's mean compute time (input + infer + output) over the run: not
+    #: replayed (each request's own service time is), kept to show the gateway's share
+    triton_compute_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def swap_in_seconds(self) -> tuple[float, ...]:
+        """The engine's durations of the swap-ins seen (may be fewer than `swap_ins`)."""
+        return tuple(s.seconds for s in self.swaps if s.kind == "in" and s.seconds is not None)
+
+
+def load_records(data: Mapping[str, Any]) -> tuple[list[NodeShape], list[RunRecord]]:
+    """What `python -m bench.twin --record FILE` wrote (its JSON, parsed), back as the node
+    shapes and run records it was written from."""
+    shapes = [NodeShape(**n) for n in data["nodes"]]
+    records = []
+    for r in data["runs"]:
+        fields = dict(r)
+        fields["requests"] = tuple(Request(**q) for q in r["requests"])
+        fields["swaps"] = tuple(SwapSeen(**s) for s in r["swaps"])
+        for name in ("models", "resident_at_start"):
+            fields[name] = tuple(r[name])
+        records.append(RunRecord(**fields))
+    return shapes, records
 
 
 def to_trace(record: RunRecord) -> Trace:
     """The record's requests as a simulator trace, sorted by arrival: model indices into
-    `record.models`, no input tokens, each request's service time in output tokens of
+    `record.models`, no input tokens, each request's own service time in output tokens of
     `SECONDS_PER_TOKEN` (at least one)."""
     index = {name: i for i, name in enumerate(record.models)}
     ordered = sorted(record.requests, key=lambda r: (r.arrival_seconds, index[r.model]))
@@ -88,9 +151,7 @@ def to_trace(record: RunRecord) -> Trace:
         arrival_seconds=[r.arrival_seconds for r in ordered],
         model_index=[index[r.model] for r in ordered],
         input_tokens=[0] * len(ordered),
-        output_tokens=[
-            max(1, round(record.service_seconds[r.model] / SECONDS_PER_TOKEN)) for r in ordered
-        ],
+        output_tokens=[max(1, round(r.service_seconds / SECONDS_PER_TOKEN)) for r in ordered],
         duration_seconds=record.duration_seconds,
     )
 
@@ -109,8 +170,8 @@ def catalogue(record: RunRecord) -> tuple[CatalogueModel, ...]:
 
 def gpu_shape(node: NodeShape, models: int) -> GpuShape:
     """One GPU like the node's; every link is the pace (a swap-out copies nothing, and no
-    model loads cold during a run). One compute slot per model: each model is one Triton
-    instance that serves its requests one at a time."""
+    model loads cold during a run). A compute slot per model: each model is one Triton
+    instance, and a request holds its slot for its recorded service time."""
     return GpuShape(
         hbm_bytes=node.hbm_bytes,
         reserve_bytes=node.reserve_bytes,
@@ -126,26 +187,162 @@ def gpu_shape(node: NodeShape, models: int) -> GpuShape:
     )
 
 
-def replay(record: RunRecord, node: NodeShape) -> RunResult:
+# -- what the real swaps cost ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RealSwapIn:
+    """The n-th swap-in of a model in a real run, as `follow` replays it."""
+
+    #: the engine's duration (None: not seen)
+    seconds: float | None
+    #: when it ended, as the gateway saw it: the latest send time + queue wait of the
+    #: model's requests that waited for it (None: no request waited for it)
+    ended_at_seconds: float | None
+
+
+def swap_in_ends(record: RunRecord) -> dict[tuple[str, int], RealSwapIn]:
+    """(model, n) -> its n-th real swap-in. A request that waited for its model waited for
+    the first swap-in of it seen after the request was sent (a poll sees a swap after it
+    ended; the model is not out again within a poll of coming in); its wait ended at send
+    + queue wait (the client's send comes a little before the gateway's receipt, so the
+    latest such moment is the closest to the swap-in's end)."""
+    seen: dict[str, list[SwapSeen]] = defaultdict(list)
+    for s in record.swaps:
+        if s.kind == "in":
+            seen[s.model].append(s)
+    ends: dict[tuple[str, int], float] = {}
+    for r in record.requests:
+        if r.queue_wait_seconds <= 0:
+            continue
+        swap = next((s for s in seen[r.model] if s.seen_at_seconds > r.arrival_seconds), None)
+        if swap is not None:
+            key = (r.model, swap.number)
+            end = r.arrival_seconds + r.queue_wait_seconds
+            ends[key] = max(ends.get(key, end), end)
+    return {
+        (m, s.number): RealSwapIn(seconds=s.seconds, ended_at_seconds=ends.get((m, s.number)))
+        for m, swaps in seen.items()
+        for s in swaps
+    }
+
+
+# -- the replays -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    """One admission the replay made: when, which model, its victims, and each resident
+    model's last mark then (the later of its last request and its swap-in; None while it
+    has requests in flight), which the victim score ranks."""
+
+    at_seconds: float
+    model: str
+    victims: tuple[str, ...]
+    marks: Mapping[str, float | None]
+    #: a victim still had requests in flight (the replay's swap-in starts after they end)
+    drained: bool
+
+
+class TwinPolicy(Modelswap):
+    """The agent's policy (`Modelswap`), logging its admissions; with `real` (`follow`),
+    each swap-in costs what the real one did."""
+
+    def __init__(
+        self,
+        shape: GpuShape,
+        settings: PolicySettings,
+        real: Mapping[tuple[str, int], RealSwapIn] | None = None,
+    ) -> None:
+        super().__init__("modelswap", shape, settings)
+        self.real = real
+        self.admitted: list[Admitted] = []
+        #: swap-ins the record has no cost for (charged the calibrated cost instead)
+        self.unrecorded = 0
+        self._numbers: dict[str, int] = defaultdict(int)
+
+    def admit(self, gpu: GpuState, model: ModelState, now: float) -> Decision:
+        decision = super().admit(gpu, model, now)
+        if decision.outcome == "admit":
+            resident = [m for m in gpu.models if m.residency is Residency.RESIDENT]
+            self.admitted.append(
+                Admitted(
+                    at_seconds=now,
+                    model=model.name,
+                    victims=tuple(v.name for v in decision.victims),
+                    marks={m.name: _mark(m) for m in resident},
+                    drained=any(v.running for v in decision.victims),
+                )
+            )
+        return decision
+
+    def swap_in(self, model: ModelState) -> Transfer:
+        self._numbers[model.name] += 1
+        if self.real is None:
+            return super().swap_in(model)
+        real = self.real.get((model.name, self._numbers[model.name]))
+        if real is None or (real.seconds is None and real.ended_at_seconds is None):
+            self.unrecorded += 1
+            calibrated = super().swap_in(model)
+            # swap-outs are free in `follow` (inside the recorded swap-ins): charge one here
+            return Transfer(
+                calibrated.fixed_seconds + self.shape.swap_out_fixed_seconds,
+                calibrated.bytes,
+                calibrated.bytes_per_second,
+                calibrated.link,
+            )
+        # the swap-in starts at its admission (its victims' swap-outs take no time here)
+        done = model.admitted_at + (real.seconds or 0.0)
+        if real.ended_at_seconds is not None:
+            done = max(done, real.ended_at_seconds)
+        return Transfer(done - model.admitted_at, 0, 1.0, "none")
+
+    def swap_out(self, model: ModelState) -> Transfer:
+        if self.real is None:
+            return super().swap_out(model)
+        return Transfer(0.0, 0, 1.0, "none")
+
+
+def _mark(m: ModelState) -> float | None:
+    if m.running or m.queued:
+        return None
+    marks = [t for t in (m.last_request, m.resident_since) if t is not None]
+    return max(marks) if marks else None
+
+
+@dataclass(frozen=True)
+class Replay:
+    result: RunResult
+    admitted: tuple[Admitted, ...]
+    unrecorded_swap_ins: int
+
+
+def replay(record: RunRecord, node: NodeShape, mode: Mode = "predict") -> Replay:
     """The record through the simulator: the agent's policy with the agent's settings, the
-    models resident at the run's start warm, the others swapped out (in the host store)."""
+    models resident at the run's start warm, the others swapped out (in the host store);
+    swaps priced as `mode` says (module docstring)."""
     models = catalogue(record)
     shape = gpu_shape(node, len(models))
     settings = PolicySettings(
         high_watermark_fraction=node.high_watermark_fraction,
         low_watermark_fraction=node.low_watermark_fraction,
     )
+    policy = TwinPolicy(shape, settings, swap_in_ends(record) if mode == "follow" else None)
     resident = set(record.resident_at_start)
     warm = [i for i, m in enumerate(record.models) if m in resident]
-    return run(
+    result = run(
         to_trace(record),
         models,
         resolve_policies(models, {}),
-        Modelswap("modelswap", shape, settings),
+        policy,
         assignment=[0] * len(models),
         gpus=1,
         warm_order=warm,
     )
+    return Replay(result, tuple(policy.admitted), policy.unrecorded)
+
+
+# -- the verdict -----------------------------------------------------------------------------
 
 
 def latency_agrees(real_seconds: float, sim_seconds: float) -> bool:
@@ -157,33 +354,48 @@ def _median(samples: Sequence[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
-def verdict(records: Sequence[RunRecord], replays: Sequence[RunResult]) -> dict[str, Any]:
-    """Issue 14's pass conditions over paired runs: swap counts equal in every run, and the
-    median swap-in latency over all runs (every sample pooled) within max(20 %, 20 ms) of
-    the real one."""
+def _counts_match(record: RunRecord, sim: RunResult) -> bool:
+    return (
+        record.swap_ins == sim.swap_ins
+        and record.swap_outs == sim.swap_outs
+        and sim.cold_loads == 0
+        and not sim.unserved_requests
+    )
+
+
+def verdict(
+    records: Sequence[RunRecord],
+    followed: Sequence[Replay],
+    predicted: Sequence[Replay],
+) -> dict[str, Any]:
+    """Issue 14's pass conditions over paired runs: swap counts equal in every run (the
+    `follow` replay's), and the median swap-in latency over all runs (every sample pooled)
+    within max(20 %, 20 ms) of the `predict` replay's."""
     runs = []
-    for record, sim in zip(records, replays, strict=True):
+    for record, follow, predict in zip(records, followed, predicted, strict=True):
+        replayed, guess = follow.result, predict.result
         runs.append(
             {
+                "seed": record.seed,
                 "real_swap_ins": record.swap_ins,
-                "sim_swap_ins": sim.swap_ins,
+                "sim_swap_ins": replayed.swap_ins,
                 "real_swap_outs": record.swap_outs,
-                "sim_swap_outs": sim.swap_outs,
-                "sim_cold_loads": sim.cold_loads,
-                "swap_counts_match": (
-                    record.swap_ins == sim.swap_ins
-                    and record.swap_outs == sim.swap_outs
-                    and sim.cold_loads == 0
-                ),
+                "sim_swap_outs": replayed.swap_outs,
+                "sim_cold_loads": replayed.cold_loads,
+                "swap_counts_match": _counts_match(record, replayed),
+                "unrecorded_swap_ins": follow.unrecorded_swap_ins,
+                "drained_admissions": sum(a.drained for a in follow.admitted),
+                "predicted_swap_ins": guess.swap_ins,
+                "predicted_swap_outs": guess.swap_outs,
                 "real_median_swap_in_seconds": _median(record.swap_in_seconds),
-                "sim_median_swap_in_seconds": _median(sim.swap_in_seconds),
+                "sim_median_swap_in_seconds": _median(guess.swap_in_seconds),
                 "requests": len(record.requests),
                 "correct": sum(r.correct for r in record.requests),
-                "sim_unserved": len(sim.unserved_requests),
+                "sim_unserved": len(replayed.unserved_requests),
             }
         )
     real = _median([s for r in records for s in r.swap_in_seconds])
-    sim = _median([s for r in replays for s in r.swap_in_seconds])
+    sim = _median([s for p in predicted for s in p.result.swap_in_seconds])
     latency_ok = real is not None and sim is not None and latency_agrees(real, sim)
     counts_ok = bool(runs) and all(r["swap_counts_match"] for r in runs)
     return {
@@ -194,3 +406,48 @@ def verdict(records: Sequence[RunRecord], replays: Sequence[RunResult]) -> dict[
         "swap_in_latency_within_tolerance": latency_ok,
         "met": counts_ok and latency_ok,
     }
+
+
+def _busy_last(mark: tuple[str, float | None]) -> tuple[bool, float, str]:
+    name, at = mark
+    return (at is None, at or 0.0, name)
+
+
+def first_divergence(record: RunRecord, follow: Replay) -> str | None:
+    """Where the replay's swap-ins first differ from the real ones (model or victims), in
+    words with the resident models' marks at the replay's admission; None when they do
+    not differ."""
+    real = []
+    outs: list[str] = []
+    for s in record.swaps:
+        if s.kind == "out":
+            outs.append(s.model)
+        else:
+            real.append((s.model, tuple(sorted(outs)), s.seen_at_seconds))
+            outs = []
+    for n, admission in enumerate(follow.admitted):
+        replayed = (admission.model, tuple(sorted(admission.victims)))
+        if n < len(real) and real[n][:2] == replayed:
+            continue
+        marks = ", ".join(
+            f"{name} {'busy' if t is None else f'{t:.3f} s'}"
+            for name, t in sorted(admission.marks.items(), key=_busy_last)
+        )
+        said = (
+            f"real {real[n][0]} in place of {', '.join(real[n][1]) or 'nothing'} (seen at "
+            f"{real[n][2]:.3f} s)"
+            if n < len(real)
+            else "no real one"
+        )
+        return (
+            f"swap-in {n + 1}: {said}; replayed {admission.model} in place of "
+            f"{', '.join(admission.victims) or 'nothing'} (admitted at "
+            f"{admission.at_seconds:.3f} s; resident models' last marks then: {marks})"
+        )
+    if len(real) > len(follow.admitted):
+        model, victims, at = real[len(follow.admitted)]
+        return (
+            f"swap-in {len(follow.admitted) + 1}: real {model} in place of "
+            f"{', '.join(victims) or 'nothing'} (seen at {at:.3f} s); no replayed one"
+        )
+    return None
