@@ -201,6 +201,62 @@ def test_young_models_go_only_when_the_request_would_otherwise_be_refused() -> N
     assert [v.uid for v in answer.victims] == ["young"]
 
 
+def busy(uid: str, size_gib: float, active: int, **changes: Any) -> ModelView:
+    return replace(model(uid, size_gib, request_ago=0, **changes), active_requests=active)
+
+
+def test_a_busy_model_is_waited_for_while_the_caller_has_time_to_wait() -> None:
+    models = (busy("serving", 8, active=2), wanted("new", 5))
+    answer = admit(node(*models), "new", NOW, SETTINGS, waited_seconds=0.0)
+    assert (answer.outcome, answer.reason, answer.victims) == (
+        AdmissionOutcome.WAIT,
+        "WaitingForIdle",
+        (),
+    )
+    assert "10s" in answer.message
+
+
+def test_a_busy_model_drains_once_the_wait_is_over_or_the_caller_cannot_wait() -> None:
+    models = (busy("serving", 8, active=2), wanted("new", 5))
+    for waited in (SETTINGS.busy_victim_wait_seconds, None):
+        answer = admit(node(*models), "new", NOW, SETTINGS, waited_seconds=waited)
+        assert (answer.outcome, answer.reason) == (
+            AdmissionOutcome.ADMIT,
+            "VictimsChosenUnderMinResident",
+        )
+        assert [v.uid for v in answer.victims] == ["serving"]
+
+
+def test_an_idle_young_model_goes_before_waiting_for_a_busy_one() -> None:
+    models = (
+        busy("serving", 5, active=1, since_ago=3600),
+        model("young", 5, since_ago=30, request_ago=30),
+        wanted("new", 5),
+    )
+    answer = admit(node(*models), "new", NOW, SETTINGS, waited_seconds=0.0)
+    assert (answer.outcome, answer.reason) == (
+        AdmissionOutcome.ADMIT,
+        "VictimsChosenUnderMinResident",
+    )
+    assert [v.uid for v in answer.victims] == ["young"]
+
+
+def test_busy_victims_go_fewest_requests_in_flight_first() -> None:
+    models = (busy("a-many", 5, active=3), busy("b-few", 5, active=1), wanted("new", 5))
+    answer = admit(node(*models), "new", NOW, SETTINGS)
+    assert [v.uid for v in answer.victims] == ["b-few"]
+
+
+def test_the_busy_victim_wait_setting_is_checked() -> None:
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(PolicyInputError, match="busy_victim_wait_seconds"):
+            PolicySettings(busy_victim_wait_seconds=bad)
+    never = PolicySettings(busy_victim_wait_seconds=0.0)
+    models = (busy("serving", 8, active=2), wanted("new", 5))
+    answer = admit(node(*models), "new", NOW, never, waited_seconds=0.0)
+    assert [v.uid for v in answer.victims] == ["serving"]
+
+
 def test_a_swap_out_under_way_is_waited_for_rather_than_evicting_a_young_model() -> None:
     models = (
         model("young", 4, since_ago=30),
@@ -265,6 +321,13 @@ def test_the_facade_reads_its_injected_clock() -> None:
     assert facade.swap_outs(view) == ()
     now[0] = NOW + 600
     assert [s.uid for s in facade.swap_outs(view)] == ["m"]
+
+
+def test_the_facade_passes_how_long_the_caller_has_waited() -> None:
+    facade = Policy(SETTINGS, clock=lambda: NOW)
+    view = node(busy("serving", 8, active=1), wanted("new", 5))
+    assert facade.admit(view, "new", waited_seconds=1.0).reason == "WaitingForIdle"
+    assert facade.admit(view, "new").victims[0].uid == "serving"
 
 
 def test_inconsistent_inputs_are_refused() -> None:

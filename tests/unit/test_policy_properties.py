@@ -184,6 +184,15 @@ def check_admission(
     assert admit(node, uid, now, policy_settings) == answer
     assert admit(shuffled, uid, now, policy_settings) == answer  # order of inputs is no input
 
+    # A caller that can still wait never gets a busy victim: it waits for one to go idle.
+    waiting = admit(node, uid, now, policy_settings, waited_seconds=0.0)
+    assert all(node.model(v.uid).active_requests == 0 for v in waiting.victims)
+    if waiting != answer:
+        assert (waiting.outcome, waiting.reason) == (AdmissionOutcome.WAIT, "WaitingForIdle")
+        # without time to wait: a busy victim, or a wait for bytes already under way
+        busy_victims = any(node.model(v.uid).active_requests for v in answer.victims)
+        assert busy_victims or answer.outcome is AdmissionOutcome.WAIT
+
 
 def check_plan(
     node: NodeView, shuffled: NodeView, now: float, policy_settings: PolicySettings

@@ -123,9 +123,9 @@ def test_swap_ins_on_one_gpu_are_admitted_one_at_a_time() -> None:
     assert result.swap_in_seconds == pytest.approx([SWAP_OUT + SWAP_IN] * 2)
 
 
-def test_a_busy_victim_drains_before_the_swap_in() -> None:
-    # m0's request runs 10 s; m1 needs its room: the policy takes the busy model rather than
-    # refuse (VictimsChosenUnderMinResident), and the swap-out waits for the request
+def test_a_swap_in_waits_for_a_busy_model_to_become_idle() -> None:
+    # m0's request runs 10 s; m1 needs its room: the policy waits for m0 to become idle
+    # (WaitingForIdle), well within its busy-victim wait, and swaps it out then
     result = simulate(
         modelswap(ONE_FITS),
         models(2),
@@ -133,6 +133,37 @@ def test_a_busy_victim_drains_before_the_swap_in() -> None:
         warm=[0, 1],
     )
     assert waits(result) == {1: pytest.approx(10 - 1 + SWAP_OUT + SWAP_IN)}
+
+
+def test_the_first_model_to_become_idle_makes_room_not_a_drained_one() -> None:
+    # m0 (30 s) and m2 (5 s) are both busy when m1 asks at t=1; draining one would have
+    # taken m0 (same requests in flight, first by uid) and held m1 until t=30; waiting
+    # takes m2 when its request ends at t=5
+    result = simulate(
+        modelswap(),
+        models(3),
+        trace((0, 0, 3000), (0, 2, 500), (1, 1, 100)),
+        warm=[0, 2, 1],
+    )
+    assert waits(result) == {2: pytest.approx(5 - 1 + SWAP_OUT + SWAP_IN)}
+    assert (result.swap_outs, result.swap_ins) == (1, 1)
+
+
+def test_a_busy_victim_drains_once_the_wait_is_over() -> None:
+    # one slot: m0 runs A (0-20 s) with B queued behind it; m1 asks at t=1. m0 never
+    # becomes idle by itself (B would run 20-40 s), so at t=11, the end of the 10 s
+    # busy-victim wait (asked again at that time with nothing else happening), m0 is
+    # taken: B goes back to waiting for m0, A drains until t=20, then m1 swaps in
+    shape = replace(ONE_FITS, concurrent_requests=1)
+    result = simulate(
+        modelswap(shape),
+        models(2),
+        trace((0, 0, 2000), (0.5, 0, 2000), (1, 1, 100)),
+        warm=[0, 1],
+    )
+    assert waits(result)[2] == pytest.approx(20 - 1 + SWAP_OUT + SWAP_IN)
+    m1_done = 20 + SWAP_OUT + SWAP_IN + 1.0
+    assert waits(result)[1] == pytest.approx(m1_done + SWAP_OUT + SWAP_IN - 0.5)
 
 
 def test_requests_queue_for_compute_slots() -> None:

@@ -25,6 +25,8 @@ class Policy:
         """Models to swap out now (idle ones, then relief above the high watermark)."""
         return plan_swap_outs(node, self._clock(), self.settings)
 
-    def admit(self, node: NodeView, uid: str) -> Admission:
-        """Whether model `uid` may swap in now, after which victims; or wait, or refuse."""
-        return admit(node, uid, self._clock(), self.settings)
+    def admit(self, node: NodeView, uid: str, *, waited_seconds: float | None = None) -> Admission:
+        """Whether model `uid` may swap in now, after which victims; or wait, or refuse.
+        `waited_seconds`: how long the caller has been asking (None: it will not ask again
+        for a busy model to finish)."""
+        return admit(node, uid, self._clock(), self.settings, waited_seconds=waited_seconds)

@@ -109,6 +109,11 @@ class PolicySettings:
     until use is at or below `low_watermark_fraction`. Restoring a host-kept model costs
     `swap_in_fixed_seconds` plus its bytes over the GPU's link; a dropped one costs
     `reload_fixed_seconds` plus its weights at `reload_bytes_per_second` (the source cache).
+
+    When only models serving requests could make room, admission waits up to
+    `busy_victim_wait_seconds` (from the first ask) for one of them to become idle before
+    it drains a busy one: a model's requests usually end sooner than a chosen victim's
+    drain, and waiting holds none of the victim's own requests back.
     """
 
     high_watermark_fraction: float = 0.95
@@ -116,6 +121,7 @@ class PolicySettings:
     swap_in_fixed_seconds: float = 0.05
     reload_bytes_per_second: float = 1e9
     reload_fixed_seconds: float = 2.0
+    busy_victim_wait_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         low, high = self.low_watermark_fraction, self.high_watermark_fraction
@@ -127,6 +133,9 @@ class PolicySettings:
                 raise PolicyInputError(f"{name} must be positive")
         if not self.reload_bytes_per_second > 0:
             raise PolicyInputError("reload_bytes_per_second must be positive")
+        wait = self.busy_victim_wait_seconds
+        if not (wait >= 0 and math.isfinite(wait)):
+            raise PolicyInputError("busy_victim_wait_seconds must be 0 or more")
 
 
 @dataclass(frozen=True, kw_only=True)

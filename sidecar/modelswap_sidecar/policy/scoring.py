@@ -1,8 +1,9 @@
 """How much a model costs to bring back, and the order in which victims are taken.
 
-Victims go lowest `priority` first; within a priority, the best
-`bytes freed * idle seconds / seconds to restore` first; ties by uid, so the order is total
-and the same inputs always give the same victims.
+Victims go lowest `priority` first; within a priority, idle models before busy ones and
+busy ones by fewest requests in flight (the shortest drain, the fewest requests held back
+until the model returns); then the best `bytes freed * idle seconds / seconds to restore`
+first; ties by uid, so the order is total and the same inputs always give the same victims.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def eviction_score(
 
 def victim_key(
     model: ModelView, gpu: GpuView, now_seconds: float, settings: PolicySettings
-) -> tuple[int, float, str]:
+) -> tuple[int, int, float, str]:
     """Sort key: the first model in this order is the first to go."""
-    return (model.policy.priority, -eviction_score(model, gpu, now_seconds, settings), model.uid)
+    return (
+        model.policy.priority,
+        model.active_requests,
+        -eviction_score(model, gpu, now_seconds, settings),
+        model.uid,
+    )

@@ -243,6 +243,8 @@ class _Loop:
                         obj.check_at = INFINITY
                         self._apply_swap_outs(obj, t)
                         self._schedule_check(obj, t)
+                        if obj.waiting:
+                            self._retry(obj, t)
             elif i < n:
                 t = arrivals[i]
                 m = models[owner[i]]
@@ -278,6 +280,8 @@ class _Loop:
                 g.admission_queue.append(m)
             return
         self.admissions += 1
+        if m.asked_at is None:
+            m.asked_at = t
         decision = self.policy.admit(g, m, t)
         if decision.outcome == "admit":
             m.residency = Residency.SWAPPING_IN
@@ -294,9 +298,12 @@ class _Loop:
         elif decision.outcome == "wait":
             m.waiting = True
             g.waiting.append(m)
+            if decision.ask_again_at < g.check_at:  # requests are waiting: even after the
+                self._schedule_at(g, decision.ask_again_at, t, always=True)  # last arrival
         else:
             self.unserved.extend(m.pending)
             m.pending = []
+            m.asked_at = None
 
     def _retry(self, g: GpuState, t: float) -> None:
         waiting, g.waiting = g.waiting, []
@@ -363,6 +370,7 @@ class _Loop:
         g = m.gpu
         m.residency = Residency.RESIDENT
         m.resident_since = t
+        m.asked_at = None
         m.cold = False
         if g.admitting is m:
             g.admitting = None
@@ -423,9 +431,9 @@ class _Loop:
         if deadline < g.check_at:
             self._schedule_at(g, deadline, t)
 
-    def _schedule_at(self, g: GpuState, deadline: float, t: float) -> None:
-        if deadline > self.last_arrival:
-            return  # nothing after the last arrival can change an added latency
+    def _schedule_at(self, g: GpuState, deadline: float, t: float, *, always: bool = False) -> None:
+        if deadline > self.last_arrival and not always:
+            return  # an idle swap-out after the last arrival changes no added latency
         deadline = max(deadline, t + _CHECK_NUDGE_SECONDS)
         g.check_at = deadline
         heapq.heappush(self.heap, (deadline, next(self.seq), _CHECK, g))

@@ -52,6 +52,8 @@ class Decision:
     outcome: Outcome
     reason: str
     victims: tuple[ModelState, ...] = ()
+    #: a wait: ask again at this time even if nothing on the GPU changes before then
+    ask_again_at: float = INFINITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +156,16 @@ class Modelswap(SimPolicy):
         return NodeView(gpus=(gpu_view,), models=models)
 
     def admit(self, gpu: GpuState, model: ModelState, now: float) -> Decision:
-        answer = admit(self.view(gpu), model.name, now, self.settings)
+        asked_at = model.asked_at if model.asked_at is not None else now
+        answer = admit(
+            self.view(gpu), model.name, now, self.settings, waited_seconds=now - asked_at
+        )
         if answer.outcome is AdmissionOutcome.WAIT:
-            return Decision("wait", answer.reason)
+            # at the end of the busy-victim wait the answer changes with nothing else
+            # happening on the GPU
+            give_up_at = asked_at + self.settings.busy_victim_wait_seconds
+            again = give_up_at if give_up_at > now else INFINITY
+            return Decision("wait", answer.reason, ask_again_at=again)
         if answer.outcome is AdmissionOutcome.REFUSE:
             return Decision("refuse", answer.reason)
         by_name = {m.name: m for m in gpu.models}

@@ -18,6 +18,7 @@ class ModelState:
     __slots__ = (
         "admission_queued",
         "admitted_at",
+        "asked_at",
         "awaiting_victims",
         "cold",
         "cold_loads",
@@ -65,6 +66,8 @@ class ModelState:
         self.resident_since: float | None = None
         #: when its current swap-in was admitted (victims chosen)
         self.admitted_at = 0.0
+        #: when the policy was first asked to bring it in since it was last resident
+        self.asked_at: float | None = None
         self.last_request: float | None = None
         self.running = 0  # requests being served
         self.queued = 0  # requests in its GPU's ready queue (it is resident)
