@@ -221,6 +221,34 @@ async def test_a_victim_with_a_request_in_flight_is_spared(world_factory: Any) -
     ]
 
 
+async def test_a_swap_in_waits_for_a_busy_model_to_become_idle(world_factory: Any) -> None:
+    """Both resident models are serving a request when the third is asked for. Rather than
+    drain one (the first by uid), the swap-in waits; the model whose request ends first is
+    swapped out, and the gateway's request_finished wakes the waiting swap-in."""
+    w: World = world_factory(20)
+    loose = {"idleAfter": "never", "minResident": "0s"}
+    cold = w.model(UIDS[2], 8, loose)
+    await w.actuator.swap_out(cold, reason="Manual")
+    first, second = (w.model(uid, 8, loose) for uid in UIDS[:2])
+    directory = AgentDirectory(w.actuator)
+    directory.request_started(first.uid)
+    directory.request_started(second.uid)
+    assert w.actuator.policy.admit(w.actuator.view(), cold.uid, waited_seconds=0.0).reason == (
+        "WaitingForIdle"
+    )
+    swap_in = asyncio.create_task(w.actuator.swap_in(cold))
+    for _ in range(10):  # let it ask and start waiting (no thread is involved until admitted)
+        await asyncio.sleep(0)
+    assert not swap_in.done()
+    assert first.swap_outs == second.swap_outs == 0
+    directory.request_finished(second.uid)
+    result = await asyncio.wait_for(swap_in, 10)
+    assert result.outcome == "completed", result
+    assert (first.swap_outs, second.swap_outs) == (0, 1)
+    assert first.resident_since_seconds is not None
+    directory.request_finished(first.uid)
+
+
 @pytest.mark.parametrize(
     ("gbps", "victim"),
     [

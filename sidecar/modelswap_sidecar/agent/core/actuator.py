@@ -401,10 +401,12 @@ class Actuator:
         before the model's own lock): a second swap-in admitted while the first one's bytes
         are not yet charged would be granted the same free bytes, or the same victim, and
         the engine would refuse it. Waits happen with both locks released."""
-        deadline = self.clock() + ADMISSION_WAIT_SECONDS
+        asked = self.clock()
+        deadline = asked + ADMISSION_WAIT_SECONDS
         while True:
             async with self._admission_lock(model), self.lock_of(model.uid):
-                result = await self._swap_in(model, may_wait=self.clock() < deadline)
+                now = self.clock()
+                result = await self._swap_in(model, may_wait=now < deadline, waited=now - asked)
             if result is not None:
                 return result
             await self.changed(deadline - self.clock())  # a swap-out or load finished
@@ -413,8 +415,12 @@ class Actuator:
         gpu = model.gpu if model.gpu is not None else -1
         return self._admitting.setdefault(gpu, asyncio.Lock())
 
-    async def _swap_in(self, model: AgentModel, *, may_wait: bool) -> ActionResult | None:
-        """One admission and what it admits; None: the policy says wait, and time is left."""
+    async def _swap_in(
+        self, model: AgentModel, *, may_wait: bool, waited: float
+    ) -> ActionResult | None:
+        """One admission and what it admits; None: the policy says wait, and time is left.
+        `waited`: seconds since this swap-in was first asked for (the policy waits a while
+        for a busy model to become idle before it drains one)."""
         if model.serving not in (Serving.LOADED, Serving.DROPPED):
             return ActionResult(
                 uid=model.uid,
@@ -422,7 +428,9 @@ class Actuator:
                 reason="NotLoaded",
                 message=f"the model is {model.serving}: {model.message}".rstrip(": "),
             )
-        admission = self.policy.admit(self.view(), model.uid)
+        admission = self.policy.admit(
+            self.view(), model.uid, waited_seconds=waited if may_wait else None
+        )
         if admission.outcome is AdmissionOutcome.WAIT and may_wait:
             return None
         if admission.reason == "AlreadyResident":

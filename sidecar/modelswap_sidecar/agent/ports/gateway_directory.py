@@ -220,3 +220,5 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is not None:
             model.active_requests = max(model.active_requests - 1, 0)
+            if not model.active_requests:  # a swap-in waiting for an idle model looks again
+                self.actuator.notify()
