@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import signal
 import sys
@@ -62,6 +63,7 @@ from bench.twin_record import (
     load_records,
     replay,
     verdict,
+    with_receipts,
 )
 from examples.models import reference
 from modelswap_sidecar.gateway.exchange import QUEUE_WAIT_HEADER
@@ -88,7 +90,9 @@ OPENING_GAP_SECONDS = 0.25
 OPENING_PAUSE_SECONDS = 1.0
 POLL_SECONDS = 0.02
 #: the requests' and the swap watch's shared clock starts this long after both are set up
-START_LEAD_SECONDS = 0.2
+START_LEAD_SECONDS = 0.5
+#: connections to the gateway opened before the run (more than a burst's requests)
+WARM_CONNECTIONS = 32
 CALIBRATION_CYCLES = 3
 BODY = json.dumps(reference.mlp_infer_body(MLP_INPUT)).encode()
 EXPECTED = reference.mlp_forward(MLP_INPUT)
@@ -164,7 +168,14 @@ class SwapWatch:
             trust_env=False,
         )
         self.swaps: list[SwapSeen] = []
+        #: (model, seconds from `start`) of each new lastRequestTime seen: when the gateway
+        #: received the model's latest request (or, every policy tick, Triton's last
+        #: inference time)
+        self.received: list[tuple[str, float]] = []
         self.start = start
+        #: the wall-clock time of `start`
+        self._wall_start = time.time() + (start - time.monotonic())
+        self._last_request: dict[str, str] = {}
         self._stop = threading.Event()
         first = self._models()
         self._first_in = {m["name"]: m.get("swapIns", 0) for m in first}
@@ -180,24 +191,33 @@ class SwapWatch:
 
     def _look(self) -> None:
         at = time.monotonic() - self.start
+        outs: list[SwapSeen] = []
+        ins: list[SwapSeen] = []
         for m in self._models():
             name = m["name"]
-            ins, outs = m.get("swapIns", 0), m.get("swapOuts", 0)
+            stamp = m.get("lastRequestTime")
+            if stamp and stamp != self._last_request.get(name):
+                self._last_request[name] = stamp
+                wall = datetime.datetime.fromisoformat(stamp).timestamp()
+                self.received.append((name, wall - self._wall_start))
+            count_in, count_out = m.get("swapIns", 0), m.get("swapOuts", 0)
             # numbered within the run; several between two looks: only the last one's
-            # duration is known (swap-outs first: a swap-in's victims go out inside it)
-            for n in range(self._last_out.get(name, 0) + 1, outs + 1):
-                self.swaps.append(
+            # duration is known
+            for n in range(self._last_out.get(name, 0) + 1, count_out + 1):
+                outs.append(
                     SwapSeen(model=name, kind="out", seen_at_seconds=at,
                              number=n - self._first_out.get(name, 0))
                 )  # fmt: skip
-            for n in range(self._last_in.get(name, 0) + 1, ins + 1):
-                seconds = m.get("lastSwapInSeconds") if n == ins else None
-                self.swaps.append(
+            for n in range(self._last_in.get(name, 0) + 1, count_in + 1):
+                seconds = m.get("lastSwapInSeconds") if n == count_in else None
+                ins.append(
                     SwapSeen(model=name, kind="in", seen_at_seconds=at,
                              number=n - self._first_in.get(name, 0),
                              seconds=float(seconds) if seconds else None)
                 )  # fmt: skip
-            self._last_in[name], self._last_out[name] = ins, outs
+            self._last_in[name], self._last_out[name] = count_in, count_out
+        # a swap-in's victims go out inside it: seen together, the swap-outs come first
+        self.swaps += outs + ins
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
@@ -273,6 +293,10 @@ async def send_all(
                 )
             )
 
+        # connections opened now, not in the run's first burst: a burst's requests that
+        # each opened one reached the gateway up to ~0.1 s after they were sent, in
+        # another order, and the agent admitted them in that order
+        await asyncio.gather(*(client.get("/v2/health/live") for _ in range(WARM_CONNECTIONS)))
         await asyncio.gather(*(one(at, model, start) for at, model in schedule))
     return requests
 
@@ -288,8 +312,9 @@ def one_run(node: LocalNode, run: int, time_scale: float) -> RunRecord:
     # one clock for the requests and the swaps seen, starting once both are ready
     start = time.monotonic() + START_LEAD_SECONDS
     with SwapWatch(node, start) as watch:
-        requests = asyncio.run(send_all(node.state["gatewayUrl"], schedule, start))
+        sent = asyncio.run(send_all(node.state["gatewayUrl"], schedule, start))
         time.sleep(0.5)  # the last swap's facts reach the control API
+    requests = with_receipts(sent, watch.received)
     after = node.models()
     stats_after = triton_compute(node, names)
     compute = {}

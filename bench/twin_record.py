@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from modelswap_sidecar.policy.inputs import PolicySettings, Residency
@@ -45,6 +45,8 @@ SECONDS_PER_TOKEN = 1e-6
 #: issue 14: median swap-in latencies agree within max(20 %, 20 ms)
 LATENCY_RELATIVE_TOLERANCE = 0.20
 LATENCY_ABSOLUTE_TOLERANCE_SECONDS = 0.020
+#: the agent's lastRequestTime's resolution
+RECEIPT_RESOLUTION_SECONDS = 0.001
 
 Mode = Literal["predict", "follow"]
 
@@ -60,11 +62,21 @@ class Request:
     #: how long the gateway held it for its model's swap-in (its X-Modelswap-Queue-Wait-
     #: Seconds answer header; 0 when the model was resident)
     queue_wait_seconds: float = 0.0
+    #: when the gateway received it (seconds from the run's start; the agent's
+    #: lastRequestTime, ms), where a poll saw it; None: not seen
+    received_seconds: float | None = None
+
+    @property
+    def arrival_at_gateway_seconds(self) -> float:
+        """When the agent saw it arrive: its receipt where known, else its send time."""
+        return self.arrival_seconds if self.received_seconds is None else self.received_seconds
 
     @property
     def service_seconds(self) -> float:
         """Its own service time: in flight once its model served it (forwarding, Triton's
-        queue and compute, the answer back), as the client timed it."""
+        queue and compute, the answer back), as the client timed it: its latency less its
+        wait at the gateway. (Less its way to the gateway too where that is known would
+        mix two clocks: the replay keeps the client's, for every request.)"""
         return max(self.latency_seconds - self.queue_wait_seconds, SECONDS_PER_TOKEN)
 
 
@@ -124,6 +136,32 @@ class RunRecord:
     def swap_in_seconds(self) -> tuple[float, ...]:
         """The engine's durations of the swap-ins seen (may be fewer than `swap_ins`)."""
         return tuple(s.seconds for s in self.swaps if s.kind == "in" and s.seconds is not None)
+
+
+def with_receipts(
+    requests: Sequence[Request], received: Sequence[tuple[str, float]]
+) -> list[Request]:
+    """Each request with when the gateway received it, where a poll saw that: a model's
+    new lastRequestTime (ms) is the receipt of its latest request sent by then, unless that
+    one has its receipt already (the agent also takes Triton's last inference time every
+    policy tick) or could not have been received then (its wait would end after its
+    answer came: a Triton time after its swap-in)."""
+    out = list(requests)
+    for model, seen in received:
+        candidates = [
+            i
+            for i, r in enumerate(out)
+            if r.model == model and r.arrival_seconds <= seen + RECEIPT_RESOLUTION_SECONDS
+        ]
+        if not candidates:
+            continue
+        i = max(candidates, key=lambda k: out[k].arrival_seconds)
+        r = out[i]
+        at = max(seen, r.arrival_seconds)
+        answered = r.arrival_seconds + r.latency_seconds
+        if r.received_seconds is None and at + r.queue_wait_seconds <= answered:
+            out[i] = replace(r, received_seconds=at)
+    return out
 
 
 def load_records(data: Mapping[str, Any]) -> tuple[list[NodeShape], list[RunRecord]]:
@@ -196,35 +234,51 @@ class RealSwapIn:
 
     #: the engine's duration (None: not seen)
     seconds: float | None
-    #: when it ended, as the gateway saw it: the latest send time + queue wait of the
-    #: model's requests that waited for it (None: no request waited for it)
+    #: when it ended (None: nothing dates it): no earlier than `waited_until_seconds`, nor
+    #: than the end of the swap-in before it on the GPU plus its own duration (admissions
+    #: are serial), and no later than the poll that saw it
     ended_at_seconds: float | None
+    #: the latest send time + queue wait of the model's requests that waited for it (None:
+    #: none did): the end by the client's clock; earlier than the end by the time a request
+    #: took to reach the gateway
+    waited_until_seconds: float | None = None
 
 
 def swap_in_ends(record: RunRecord) -> dict[tuple[str, int], RealSwapIn]:
     """(model, n) -> its n-th real swap-in. A request that waited for its model waited for
     the first swap-in of it seen after the request was sent (a poll sees a swap after it
     ended; the model is not out again within a poll of coming in); its wait ended at send
-    + queue wait (the client's send comes a little before the gateway's receipt, so the
-    latest such moment is the closest to the swap-in's end)."""
+    + queue wait by the client's clock, a little before the swap-in's end (the request
+    reached the gateway after it was sent; in a burst on a busy machine, much after). The
+    swap-ins of one GPU follow one another, so one ended no earlier than the one before it
+    plus its own duration."""
+    ins = [s for s in record.swaps if s.kind == "in"]
     seen: dict[str, list[SwapSeen]] = defaultdict(list)
-    for s in record.swaps:
-        if s.kind == "in":
-            seen[s.model].append(s)
-    ends: dict[tuple[str, int], float] = {}
+    for s in ins:
+        seen[s.model].append(s)
+    waited: dict[tuple[str, int], float] = {}
     for r in record.requests:
         if r.queue_wait_seconds <= 0:
             continue
-        swap = next((s for s in seen[r.model] if s.seen_at_seconds > r.arrival_seconds), None)
+        arrived = r.arrival_at_gateway_seconds
+        swap = next((s for s in seen[r.model] if s.seen_at_seconds > arrived), None)
         if swap is not None:
             key = (r.model, swap.number)
-            end = r.arrival_seconds + r.queue_wait_seconds
-            ends[key] = max(ends.get(key, end), end)
-    return {
-        (m, s.number): RealSwapIn(seconds=s.seconds, ended_at_seconds=ends.get((m, s.number)))
-        for m, swaps in seen.items()
-        for s in swaps
-    }
+            end = arrived + r.queue_wait_seconds
+            waited[key] = max(waited.get(key, end), end)
+    out = {}
+    previous: float | None = None
+    for s in ins:  # in the order seen: the GPU's order
+        key = (s.model, s.number)
+        bounds = [waited[key]] if key in waited else []
+        if previous is not None and s.seconds is not None:
+            bounds.append(previous + s.seconds)
+        end = min(max(bounds), s.seen_at_seconds) if bounds else None
+        out[key] = RealSwapIn(
+            seconds=s.seconds, ended_at_seconds=end, waited_until_seconds=waited.get(key)
+        )
+        previous = end
+    return out
 
 
 # -- the replays -----------------------------------------------------------------------------
@@ -413,41 +467,97 @@ def _busy_last(mark: tuple[str, float | None]) -> tuple[bool, float, str]:
     return (at is None, at or 0.0, name)
 
 
-def first_divergence(record: RunRecord, follow: Replay) -> str | None:
-    """Where the replay's swap-ins first differ from the real ones (model or victims), in
-    words with the resident models' marks at the replay's admission; None when they do
-    not differ."""
+@dataclass(frozen=True)
+class _RealIn:
+    model: str
+    seen_at_seconds: float
+    #: the models seen going out from the poll that saw the previous swap-in to the one
+    #: that saw this one: its victims are among them (a poll that sees a swap-in may
+    #: already see the next one's victim out)
+    outs: tuple[str, ...]
+
+
+def _real_ins(record: RunRecord) -> list[_RealIn]:
+    ins = [s for s in record.swaps if s.kind == "in"]
+    outs = [s for s in record.swaps if s.kind == "out"]
     real = []
-    outs: list[str] = []
-    for s in record.swaps:
-        if s.kind == "out":
-            outs.append(s.model)
-        else:
-            real.append((s.model, tuple(sorted(outs)), s.seen_at_seconds))
-            outs = []
-    for n, admission in enumerate(follow.admitted):
-        replayed = (admission.model, tuple(sorted(admission.victims)))
-        if n < len(real) and real[n][:2] == replayed:
+    previous = float("-inf")
+    for s in ins:
+        window = (o.model for o in outs if previous <= o.seen_at_seconds <= s.seen_at_seconds)
+        real.append(_RealIn(s.model, s.seen_at_seconds, tuple(sorted(set(window)))))
+        previous = s.seen_at_seconds
+    return real
+
+
+def first_divergence(record: RunRecord, replayed: Replay) -> str | None:
+    """Where the replay's swap-ins first differ from the real ones (another model, or a
+    victim not seen going out around the real one), in words with the resident models'
+    marks at the replay's admission; None when they do not differ."""
+    real = _real_ins(record)
+    for n, admission in enumerate(replayed.admitted):
+        if (
+            n < len(real)
+            and real[n].model == admission.model
+            and set(admission.victims) <= set(real[n].outs)
+        ):
             continue
         marks = ", ".join(
             f"{name} {'busy' if t is None else f'{t:.3f} s'}"
             for name, t in sorted(admission.marks.items(), key=_busy_last)
         )
-        said = (
-            f"real {real[n][0]} in place of {', '.join(real[n][1]) or 'nothing'} (seen at "
-            f"{real[n][2]:.3f} s)"
-            if n < len(real)
-            else "no real one"
+        said = _said(real[n]) if n < len(real) else "no real one"
+        asked = [admission.model] + (
+            [real[n].model] if n < len(real) and real[n].model != admission.model else []
         )
         return (
             f"swap-in {n + 1}: {said}; replayed {admission.model} in place of "
             f"{', '.join(admission.victims) or 'nothing'} (admitted at "
             f"{admission.at_seconds:.3f} s; resident models' last marks then: {marks})"
+            + "".join(_asked(record, m, admission.at_seconds) for m in asked)
         )
-    if len(real) > len(follow.admitted):
-        model, victims, at = real[len(follow.admitted)]
-        return (
-            f"swap-in {len(follow.admitted) + 1}: real {model} in place of "
-            f"{', '.join(victims) or 'nothing'} (seen at {at:.3f} s); no replayed one"
-        )
+    n = len(replayed.admitted)
+    if len(real) > n:
+        return f"swap-in {n + 1}: {_said(real[n])}; no replayed one"
     return None
+
+
+def _asked(record: RunRecord, model: str, at_seconds: float) -> str:
+    """When `model` was asked for by the request that waited for it at `at_seconds`: sent,
+    received by the gateway, and how late, at least, by the swap-ins' own timing."""
+    ends = swap_in_ends(record)
+    waiting = [
+        r
+        for r in record.requests
+        if r.model == model
+        and r.queue_wait_seconds > 0
+        and r.arrival_at_gateway_seconds + r.queue_wait_seconds >= at_seconds
+    ]
+    if not waiting:
+        return ""
+    first = min(waiting, key=lambda r: r.arrival_at_gateway_seconds)
+    received = (
+        "" if first.received_seconds is None else f", received at {first.received_seconds:.3f} s"
+    )
+    text = f"; {model} asked for at {first.arrival_seconds:.3f} s{received}"
+    swap = next(
+        (s for s in record.swaps
+         if s.kind == "in" and s.model == model
+         and s.seen_at_seconds > first.arrival_at_gateway_seconds),
+        None,
+    )  # fmt: skip
+    end = ends[(model, swap.number)].ended_at_seconds if swap is not None else None
+    waited_until = first.arrival_at_gateway_seconds + first.queue_wait_seconds
+    if end is not None and end > waited_until + 0.001:
+        text += (
+            f" (its wait ended at {waited_until:.3f} s, but its swap-in no earlier than "
+            f"{end:.3f} s: it reached the gateway at least {(end - waited_until) * 1e3:.0f} "
+            f"ms later than that)"
+        )
+    return text
+
+
+def _said(real: _RealIn) -> str:
+    return (
+        f"real {real.model} (seen at {real.seen_at_seconds:.3f} s; seen going out since the "
+        f"swap-in before: {', '.join(real.outs) or 'nothing'})"
+    )

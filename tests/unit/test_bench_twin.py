@@ -22,6 +22,7 @@ from bench.twin_record import (
     swap_in_ends,
     to_trace,
     verdict,
+    with_receipts,
 )
 
 MIB = 1 << 20
@@ -80,14 +81,17 @@ def test_a_record_becomes_a_sorted_trace_with_each_requests_own_service_time() -
                 request("d", 2.0, latency=0.5, wait=0.49),
                 request("a", 0.5, latency=0.004),
                 request("b", 1.0, latency=0.0025),
+                # sent before b, received by the gateway after it: the replay keeps the
+                # client's clock for every request (receipts are seen for only some)
+                replace(request("c", 0.9, latency=0.3), received_seconds=1.1),
             ]
         )
     )
-    assert trace.arrival_seconds == [0.5, 1.0, 2.0]
-    assert trace.model_index == [0, 1, 3]  # indices into the record's models
-    assert trace.input_tokens == [0, 0, 0]
+    assert trace.arrival_seconds == [0.5, 0.9, 1.0, 2.0]
+    assert trace.model_index == [0, 2, 1, 3]  # indices into the record's models
+    assert trace.input_tokens == [0, 0, 0, 0]
     # service = latency less the gateway's wait for the swap-in, in microsecond tokens
-    assert trace.output_tokens == [4000, 2500, 10000]
+    assert trace.output_tokens == [4000, 300000, 2500, 10000]
     assert trace.duration_seconds == 2.0
 
 
@@ -106,6 +110,28 @@ def test_predict_evicts_the_least_recently_used_and_times_the_swap_like_the_engi
     assert (other.swap_ins, other.swap_outs) == (1, 1)
 
 
+def test_each_new_last_request_time_is_the_receipt_of_the_latest_request_sent_by_then() -> None:
+    sent = [
+        request("a", 1.0, latency=0.01),
+        request("a", 2.0, latency=0.5, wait=0.45),
+        request("b", 2.0, latency=0.01),
+        request("b", 3.0, latency=0.01),
+    ]
+    received = [
+        ("a", 1.004),  # a's first
+        ("a", 1.008),  # Triton's time of the same request: it has its receipt already
+        ("a", 2.0305),  # a's second, 30 ms after it was sent
+        ("b", 1.9995),  # b's first: the stamp is in ms, so a hair before its send
+        ("b", 3.49),  # a Triton time too late to be b's second (answered at 3.01)
+        ("c", 1.0),  # no such request
+    ]
+    got = [r.received_seconds for r in with_receipts(sent, received)]
+    assert got == [1.004, 2.0305, 2.0, None]
+    # its wait at the gateway ended at its receipt + its wait
+    a2 = with_receipts(sent, received)[1]
+    assert a2.arrival_at_gateway_seconds == 2.0305
+
+
 def test_a_waiting_request_dates_the_end_of_the_swap_in_it_waited_for() -> None:
     rec = record(
         [
@@ -121,9 +147,30 @@ def test_a_waiting_request_dates_the_end_of_the_swap_in_it_waited_for() -> None:
         ),
     )
     ends = swap_in_ends(rec)
-    assert ends[("d", 1)] == RealSwapIn(seconds=0.19, ended_at_seconds=pytest.approx(1.21))
-    assert ends[("d", 2)] == RealSwapIn(seconds=None, ended_at_seconds=pytest.approx(3.3))
-    assert ends[("e", 1)] == RealSwapIn(seconds=0.2, ended_at_seconds=None)
+    assert ends[("d", 1)] == RealSwapIn(
+        seconds=0.19, ended_at_seconds=pytest.approx(1.21), waited_until_seconds=pytest.approx(1.21)
+    )
+    assert ends[("d", 2)] == RealSwapIn(
+        seconds=None, ended_at_seconds=pytest.approx(3.3), waited_until_seconds=pytest.approx(3.3)
+    )
+    # nothing waited for e's: it followed d's (3.3) on the GPU, and took 0.2 s
+    assert ends[("e", 1)] == RealSwapIn(seconds=0.2, ended_at_seconds=pytest.approx(3.5))
+
+
+def test_in_a_burst_each_swap_in_ends_no_earlier_than_the_one_before_plus_its_own() -> None:
+    # the requests reached the gateway later and later after they were sent: their waits
+    # end, by the client's clock, before the swap-ins could have
+    rec = record(
+        [request("c", 1.0, wait=0.9), request("d", 1.01, wait=0.99), request("e", 1.02, wait=1.08)],
+        swaps=(swap("c", "in", 2.0, seconds=0.2), swap("d", "in", 2.2, seconds=0.25),
+               swap("e", "in", 2.3, seconds=0.2)),
+    )  # fmt: skip
+    ends = {key: e.ended_at_seconds for key, e in swap_in_ends(rec).items()}
+    assert ends == {
+        ("c", 1): pytest.approx(1.9),
+        ("d", 1): pytest.approx(1.9 + 0.25),  # not 2.0
+        ("e", 1): pytest.approx(2.3),  # 2.15 + 0.2 is after the poll that saw it: the poll's
+    }
 
 
 def test_follow_ends_each_swap_in_when_the_real_one_did_or_its_duration_after_admission() -> None:
@@ -177,7 +224,10 @@ def test_follow_replays_what_the_real_swaps_decided_where_the_calibrated_costs_d
     assert (predicted.result.swap_ins, predicted.result.swap_outs) == (3, 3)
     parted = first_divergence(rec, predicted)
     assert parted is not None
-    assert parted.startswith("swap-in 2: real e in place of c (seen at 1.450 s); replayed e in")
+    assert parted.startswith(
+        "swap-in 2: real e (seen at 1.450 s; seen going out since the swap-in before: a, c); "
+        "replayed e in"
+    )
     assert "in place of b (admitted at 1.094 s;" in parted
     assert "b 0.202 s, c 0.402 s, d busy" in parted  # the marks the victim score ranked
     judged = verdict([rec], [followed], [predicted])
@@ -190,12 +240,19 @@ def test_a_replay_with_a_swap_in_more_or_fewer_than_the_real_run_says_where() ->
     fewer = replace(rec, swaps=rec.swaps[:2])
     assert first_divergence(fewer, replay(fewer, NODE, "follow")) == (
         "swap-in 2: no real one; replayed e in place of c (admitted at 1.250 s; resident "
-        "models' last marks then: c 0.402 s, b 1.202 s, d busy)"
+        "models' last marks then: c 0.402 s, b 1.202 s, d busy); e asked for at 1.050 s"
     )
     more = replace(rec, swaps=(*rec.swaps, swap("a", "in", 9.0)))
     assert first_divergence(more, replay(more, NODE, "follow")) == (
-        "swap-in 3: real a in place of nothing (seen at 9.000 s); no replayed one"
+        # c went out as e came in, seen by the same poll: it might have been a's victim
+        "swap-in 3: real a (seen at 9.000 s; seen going out since the swap-in before: c); "
+        "no replayed one"
     )
+    # a poll that saw d come in may already see e's victim out (listed first): still e's
+    early = replace(rec, swaps=(swap("a", "out", 1.26), swap("c", "out", 1.26),
+                                swap("d", "in", 1.26, seconds=0.25),
+                                swap("e", "in", 1.45, seconds=0.19)))  # fmt: skip
+    assert first_divergence(early, replay(early, NODE, "follow")) is None
 
 
 def test_the_latency_tolerance_is_the_larger_of_20_percent_and_20_ms() -> None:
