@@ -126,6 +126,7 @@ def reference() -> int:
     plotted = report.plot(PLOT, outcomes, scenario.target_p99_seconds, scenario.name)
     judged = verdict(outcomes)
     floor = study.reference_summary
+    slots = compute_floor(study, scenario, judged["modelswap_policy"])
     notes = [
         f"Scenario {SCENARIO.relative_to(ROOT)}: {len(scenario.models)} models, "
         f"{requests:,} requests over {study.trace.duration_seconds / 3600:.0f} h (seed "
@@ -140,6 +141,15 @@ def reference() -> int:
             if floor is not None
             else "no dedicated run"
         ),
+        (
+            f"Compute floor at {TARGET_MAX_GPUS} GPUs: with HBM for every model at once (the "
+            "same placement, nothing swapped), sharing compute slots alone gives p99 added "
+            f"latency {report.seconds_text(slots.p99_added_seconds)} "
+            f"({slots.waited_share:.1%} of requests wait longer than dedicated), before any "
+            "swap."
+            if slots is not None
+            else f"no compute floor: the models cannot be placed on {TARGET_MAX_GPUS} GPUs"
+        ),
         f"Simulator speed: {speed:,.0f} simulated requests/s over {len(runs)} runs "
         f"({simulated:,} requests in {wall:.0f} s; trace generation {generate_seconds:.1f} s).",
     ]
@@ -153,6 +163,12 @@ def reference() -> int:
         "max_gpus": TARGET_MAX_GPUS,
     }
     doc["simulated_requests_per_second"] = speed
+    if slots is not None:
+        doc["compute_floor"] = {
+            "gpus": slots.gpus,
+            "policy": slots.policy,
+            "p99_added_seconds": _finite(slots.p99_added_seconds),
+        }
     if plotted:
         doc["plot"] = str(PLOT.relative_to(ROOT / "docs"))
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -160,6 +176,20 @@ def reference() -> int:
     print(f"verdict: {judged}")
     print(f"wrote {path.relative_to(ROOT)}" + (f", {PLOT.relative_to(ROOT)}" if plotted else ""))
     return 0
+
+
+def compute_floor(study: Study, scenario: Scenario, policy: str | None) -> report.RunSummary | None:
+    """The target's GPU count with every model resident all along (Study.compute_floor):
+    the added latency that sharing compute slots alone causes on the simulator's placement
+    with that many GPUs, before any swap."""
+    specs = [p for p in scenario.policies if p.kind == "modelswap"]
+    spec = next((p for p in specs if p.name == policy), specs[0] if specs else None)
+    if spec is None:
+        return None
+    result = study.compute_floor(spec, TARGET_MAX_GPUS)
+    if result is None:
+        return None
+    return report.summarize(result, scenario.target_p99_seconds, study.reference())
 
 
 def _grid_cell(cell: tuple[float, float, float]) -> dict[str, Any]:

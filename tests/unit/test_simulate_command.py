@@ -16,7 +16,8 @@ from modelswap_sidecar.simulate.catalogue import resolve_policies
 from modelswap_sidecar.simulate.errors import ScenarioError
 from modelswap_sidecar.simulate.report import RunSummary
 from modelswap_sidecar.simulate.scenario import load
-from modelswap_sidecar.simulate.study import PolicyOutcome
+from modelswap_sidecar.simulate.study import PolicyOutcome, Study
+from modelswap_sidecar.simulate.traces import Trace
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,10 +96,38 @@ def test_fixed_gpu_counts_and_a_csv_trace(tmp_path: Path) -> None:
     assert main(argv) == 0
     (run,) = rows(out / "runs.csv")
     # one GPU of 30G - 1G - 5 x 500M = 26.5G: both big models resident (the most load),
-    # small-00 out. Its request at t=1 needs a busy victim: big-00 drains until its request
-    # ends at t=2, swaps out (0.02 s), then small-00 swaps in: 0.05 s + 4G at 10 GB/s
+    # small-00 out. Its request at t=1 finds both busy: it waits for the first to become
+    # idle (big-00, at t=2), which swaps out (0.02 s), then small-00 swaps in: 0.05 s + 4G
+    # at 10 GB/s
     assert (run["gpus"], run["requests"], run["swap_ins"], run["swap_outs"]) == ("1", "3", "1", "1")
     assert float(run["max_added_seconds"]) == pytest.approx(1.0 + 0.02 + 0.05 + 0.4)
+
+
+def test_the_compute_floor_keeps_every_model_resident_on_the_same_placement(
+    tmp_path: Path,
+) -> None:
+    # one slot on one GPU that holds two of the three models: the floor swaps nothing and
+    # its waits are for the slot alone (big-00 holds it 0-2 s, big-01 2-4 s)
+    text = SCENARIO.replace("concurrentRequests: 8", "concurrentRequests: 1")
+    scenario = load(scenario_file(tmp_path, text))
+    requests = Trace(
+        arrival_seconds=[0.0, 0.5, 1.0],
+        model_index=[3, 4, 0],  # big-00, big-01, small-00
+        input_tokens=[0, 0, 0],
+        output_tokens=[100, 100, 100],
+        duration_seconds=60.0,
+    )
+    study = Study(scenario, requests)
+    (spec,) = (p for p in scenario.policies if p.name == "modelswap-default")
+    swapped = study.run(spec, 1)
+    floor = study.compute_floor(spec, 1)
+    assert swapped is not None and floor is not None
+    assert swapped.swap_ins == 1
+    assert (floor.swap_ins, floor.swap_outs, floor.cold_loads) == (0, 0, 0)
+    assert dict(zip(floor.waited_requests, floor.waits_seconds, strict=True)) == {
+        1: pytest.approx(1.5),
+        2: pytest.approx(3.0),
+    }
 
 
 def test_a_bad_trace_row_exits_2_naming_line_and_column(

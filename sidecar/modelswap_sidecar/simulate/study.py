@@ -8,6 +8,7 @@ p99 worse. Every run is kept, so the report shows the curve the search walked.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from array import array
 from collections.abc import Callable, Sequence
@@ -93,32 +94,58 @@ class Study:
     def run(self, spec: PolicySpec, gpus: int) -> RunResult | None:
         """One run on `gpus` GPUs; None when the models cannot be placed on that many."""
         policy = build_policy(spec, self.scenario)
-        effective = self.effective(spec)
-        models = self.scenario.models
         if policy.dedicated:
-            assignment: list[int] | None = list(range(len(models)))
-            gpus = len(models)
-        else:
-            host = [
-                _host_bytes(policy, p, m.weights_bytes, m.kv_cache_bytes)
-                for p, m in zip(effective, models, strict=True)
-            ]
-            assignment = assign(
-                [m.hbm_bytes for m in models],
-                host,
-                [p.pinned for p in effective],
-                self.loads,
-                gpus,
-                budget_bytes=policy.budget_bytes,
-                loaded_overhead_bytes=policy.loaded_overhead_bytes(),
-                host_store_bytes=self.scenario.gpu.host_store_bytes,
-            )
+            gpus = len(self.scenario.models)
+        assignment = self._placement(spec, policy, gpus)
         if assignment is None:
             return None
         return run(
-            self.trace, models, effective, policy,
+            self.trace, self.scenario.models, self.effective(spec), policy,
             assignment=assignment, gpus=gpus, warm_order=self.warm_order,
         )  # fmt: skip
+
+    def compute_floor(self, spec: PolicySpec, gpus: int) -> RunResult | None:
+        """`run` with the same placement, but HBM enough for every model at once: all stay
+        resident and nothing swaps, so every wait is for a compute slot shared with the
+        GPU's other models. What sharing slots alone adds on this placement; swaps come
+        on top of it. None when the models cannot be placed on that many GPUs."""
+        policy = build_policy(spec, self.scenario)
+        assignment = self._placement(spec, policy, gpus)
+        if assignment is None:
+            return None
+        shape = self.scenario.gpu
+        models = self.scenario.models
+        everything = (
+            shape.reserve_bytes
+            + sum(m.hbm_bytes + shape.per_process_overhead_bytes for m in models)
+        )  # fmt: skip
+        roomy = dataclasses.replace(
+            self.scenario, gpu=dataclasses.replace(shape, hbm_bytes=everything)
+        )
+        return run(
+            self.trace, models, self.effective(spec), build_policy(spec, roomy),
+            assignment=assignment, gpus=gpus, warm_order=self.warm_order,
+        )  # fmt: skip
+
+    def _placement(self, spec: PolicySpec, policy: SimPolicy, gpus: int) -> list[int] | None:
+        models = self.scenario.models
+        if policy.dedicated:
+            return list(range(len(models)))
+        effective = self.effective(spec)
+        host = [
+            _host_bytes(policy, p, m.weights_bytes, m.kv_cache_bytes)
+            for p, m in zip(effective, models, strict=True)
+        ]
+        return assign(
+            [m.hbm_bytes for m in models],
+            host,
+            [p.pinned for p in effective],
+            self.loads,
+            gpus,
+            budget_bytes=policy.budget_bytes,
+            loaded_overhead_bytes=policy.loaded_overhead_bytes(),
+            host_store_bytes=self.scenario.gpu.host_store_bytes,
+        )
 
     def fewest_gpus(
         self,
