@@ -20,14 +20,15 @@ import json
 import logging
 from typing import Any, Literal
 
-import aiohttp
 from aiohttp import web
 
 from modelswap_sidecar.gateway import openai, sse
 from modelswap_sidecar.gateway.context import Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError, UnknownModelError
+from modelswap_sidecar.gateway.http1 import Answer
 from modelswap_sidecar.gateway.routing import Scope, scope_of, split_qualified
+from modelswap_sidecar.gateway.upstream import model_path
 
 logger = logging.getLogger(__name__)
 
@@ -138,20 +139,17 @@ class Exchange:
         *,
         body: bytes | None = None,
         json_body: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> aiohttp.ClientResponse:
+        headers: str = "",
+    ) -> Answer:
         """Admit, then send to Triton (`path` under /v2/models/<triton name>); the caller
         releases the answer. A request that Triton refused because the model went away
         between admission and the call (it is not resident now) goes round once more."""
         self.record()
-        base = f"/v2/models/{self.route.triton_name}"
-        version = self.request.match_info.get("version")
-        if version is not None:
-            base += f"/versions/{version}"
+        target = model_path(self.route.triton_name, self.request.match_info.get("version"), path)
         for attempt in (1, 2):
             await self.admit()
             response = await self.gw.upstream.open(
-                method, base + path, body=body, json_body=json_body, headers=headers
+                method, target, body=body, json_body=json_body, headers=headers
             )
             if response.status < 400 or attempt == 2:
                 return response

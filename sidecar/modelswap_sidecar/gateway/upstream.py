@@ -1,4 +1,4 @@
-"""The gateway's one connection pool to Triton, and its errors as `UpstreamError`.
+"""The gateway's one connection pool to Triton (`http1`), and its errors as `UpstreamError`.
 
 Only failures of the call to Triton become `UpstreamError` (503 with `Retry-After`: Triton
 died or restarts, and the supervisor brings it back, so the client should send again); a
@@ -7,54 +7,66 @@ failure to write to the gateway's own client is not Triton's and is left alone.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
+from urllib.parse import quote, urlsplit
 
-import aiohttp
-
-from modelswap_sidecar.gateway.errors import UpstreamError
+from modelswap_sidecar.gateway.errors import BadRequestError, UpstreamError
+from modelswap_sidecar.gateway.http1 import Answer, ConnectionPool
 from modelswap_sidecar.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
 #: Request headers passed on to Triton; the rest (Host, Connection, Accept-Encoding, ...)
 #: are the gateway's business. Not Content-Encoding: the gateway's server has already
-#: decoded a gzip or deflate body (aiohttp decompresses request bodies), so Triton gets
-#: plain bytes; passing the header on made Triton decode them again and answer an empty
-#: output. Inference-Header-Content-Length counts the uncompressed JSON header, as sent.
+#: decoded a gzip or deflate body (`bodies.read_body`), so Triton gets plain bytes; passing
+#: the header on made Triton decode them again and answer an empty output.
+#: Inference-Header-Content-Length counts the uncompressed JSON header, as sent.
 FORWARDED_REQUEST_HEADERS = (
     "Content-Type",
     "Inference-Header-Content-Length",
     "traceparent",
     "tracestate",
 )
+#: Sent with every request: Triton answers uncompressed, so answers can be renamed.
+_ALWAYS = "Accept-Encoding: identity\r\n"
+_JSON = "Content-Type: application/json\r\n"
 
 
 class Upstream:
     def __init__(self, settings: GatewaySettings) -> None:
         self._settings = settings
-        self._base = settings.upstream_url.rstrip("/")
-        if "://" not in self._base:
-            self._base = "http://" + self._base
-        self._session: aiohttp.ClientSession | None = None
+        url = (
+            settings.upstream_url
+            if "://" in settings.upstream_url
+            else ("http://" + settings.upstream_url)
+        )
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"the gateway speaks plain HTTP to Triton, not {url!r}")
+        self._host = parts.hostname
+        self._port = parts.port or 80
+        self._pool: ConnectionPool | None = None
 
     async def start(self) -> None:
         settings = self._settings
-        connector = aiohttp.TCPConnector(limit=settings.upstream_connections, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.upstream_connect_timeout_seconds,
-            sock_read=settings.upstream_read_timeout_seconds,
-        )
-        # Triton answers uncompressed (no Accept-Encoding is sent), so bodies can be renamed.
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
+        self._pool = ConnectionPool(
+            self._host,
+            self._port,
+            limit=settings.upstream_connections,
+            connect_timeout_seconds=settings.upstream_connect_timeout_seconds,
+            read_timeout_seconds=settings.upstream_read_timeout_seconds,
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def open_connections(self) -> int:
+        return 0 if self._pool is None else self._pool.open_connections
 
     async def open(
         self,
@@ -63,40 +75,36 @@ class Upstream:
         *,
         body: bytes | None = None,
         json_body: object = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> aiohttp.ClientResponse:
-        """Send a request; the caller releases the response (`async with`)."""
-        if self._session is None:
+        headers: str = "",
+    ) -> Answer:
+        """Send a request (`headers`: lines from `forwarded_headers`); the caller releases
+        the answer (`async with`)."""
+        if self._pool is None:
             raise self._error("the gateway is not started")
-        sent = {"Accept-Encoding": "identity", **(headers or {})}
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            headers = _JSON
         try:
-            return await self._session.request(
-                method,
-                self._base + path,
-                data=body,
-                json=json_body,
-                headers=sent,
-                allow_redirects=False,
-            )
-        except (TimeoutError, aiohttp.ClientError) as e:
+            return await self._pool.request(method, path, _ALWAYS + headers, body or b"")
+        except (TimeoutError, OSError) as e:
             logger.warning("Triton did not answer %s %s: %s", method, path, e)
             raise self._error(f"Triton did not answer: {e or type(e).__name__}") from e
 
-    async def read(self, response: aiohttp.ClientResponse) -> bytes:
+    async def read(self, answer: Answer) -> bytes:
         try:
-            return await response.read()
-        except (TimeoutError, aiohttp.ClientError) as e:
+            return await answer.read()
+        except (TimeoutError, OSError) as e:
             raise self._error(f"Triton's answer broke off: {e or type(e).__name__}") from e
 
-    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def chunks(self, answer: Answer) -> AsyncIterator[bytes]:
         """Bytes as Triton sends them, each as soon as it arrives."""
-        stream = response.content.iter_any().__aiter__()
+        stream = answer.chunks().__aiter__()
         while True:
             try:
                 chunk = await stream.__anext__()
             except StopAsyncIteration:
                 return
-            except (TimeoutError, aiohttp.ClientError) as e:
+            except (TimeoutError, OSError) as e:
                 raise self._error(f"Triton's stream broke off: {e or type(e).__name__}") from e
             yield chunk
 
@@ -104,5 +112,20 @@ class Upstream:
         return UpstreamError(message, retry_after_seconds=self._settings.retry_after_seconds)
 
 
-def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name: headers[name] for name in FORWARDED_REQUEST_HEADERS if name in headers}
+def forwarded_headers(headers: Mapping[str, str]) -> str:
+    """The request's headers Triton gets, as header lines."""
+    lines = ""
+    for name in FORWARDED_REQUEST_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            if "\r" in value or "\n" in value:  # the server's parser refuses them already
+                raise BadRequestError(f"the {name} header holds a line break")
+            lines += f"{name}: {value}\r\n"
+    return lines
+
+
+def model_path(triton_name: str, version: str | None, tail: str = "") -> str:
+    """Triton's path for a model (and version, as the client wrote it) plus `tail`."""
+    if version is None:
+        return f"/v2/models/{triton_name}{tail}"
+    return f"/v2/models/{triton_name}/versions/{quote(version, safe='')}{tail}"

@@ -47,7 +47,7 @@ from modelswap_sidecar.gateway.exchange import (
     wants_progress,
 )
 from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json, rename_stats
-from modelswap_sidecar.gateway.upstream import forwarded_headers
+from modelswap_sidecar.gateway.upstream import forwarded_headers, model_path
 from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -58,20 +58,22 @@ _MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"
 
 def add_routes(app: web.Application) -> None:
     router = app.router
-    router.add_get("/v2/health/live", _live, allow_head=False)
-    router.add_get("/v2/health/ready", _server_ready, allow_head=False)
-    router.add_get("/v2", _server_metadata, allow_head=False)
+    # The router tries the routes under one path prefix in the order they were added:
+    # inference first, as it is most of the traffic.
     for ns in ("", "/ns/{ns}"):
         for model in _MODEL_PREFIXES:
             base = ns + model
+            router.add_post(base + "/infer", _infer)
+            router.add_post(base + "/generate", _generate)
+            router.add_post(base + "/generate_stream", _generate_stream)
             router.add_get(base, _metadata, allow_head=False)
             router.add_get(base + "/ready", _model_ready, allow_head=False)
             router.add_get(base + "/stats", _stats, allow_head=False)
             if model == _MODEL_PREFIXES[0]:  # Triton has no per-version config route
                 router.add_get(base + "/config", _config, allow_head=False)
-            router.add_post(base + "/infer", _infer)
-            router.add_post(base + "/generate", _generate)
-            router.add_post(base + "/generate_stream", _generate_stream)
+    router.add_get("/v2/health/live", _live, allow_head=False)
+    router.add_get("/v2/health/ready", _server_ready, allow_head=False)
+    router.add_get("/v2", _server_metadata, allow_head=False)
 
 
 def _gateway(request: web.Request) -> Gateway:
@@ -106,11 +108,7 @@ async def _server_metadata(request: web.Request) -> web.Response:
 
 
 def _triton_path(request: web.Request, triton_name: str, tail: str = "") -> str:
-    path = f"/v2/models/{triton_name}"
-    version = request.match_info.get("version")
-    if version is not None:
-        path += f"/versions/{version}"
-    return path + tail
+    return model_path(triton_name, request.match_info.get("version"), tail)
 
 
 async def _metadata(request: web.Request) -> web.Response:
@@ -216,11 +214,11 @@ async def _whole(
         headers = forwarded_headers(request.headers)
         async with await exchange.forward("POST", tail, body=body, headers=headers) as answer:
             raw = await gw.upstream.read(answer)
-            length_text = answer.headers.get(INFER_HEADER_LENGTH)
+            length_text = answer.header(INFER_HEADER_LENGTH)
             length = int(length_text) if length_text and length_text.isdigit() else None
             renamed, new_length = rename_infer_response(raw, length, route.triton_name, route.name)
             out_headers = {} if new_length is None else {INFER_HEADER_LENGTH: str(new_length)}
-            content_type = answer.headers.get("Content-Type", "application/json")
+            content_type = answer.header("Content-Type") or "application/json"
             exchange.record()
             return await exchange.answer(
                 answer.status, renamed, content_type.split(";")[0], out_headers
