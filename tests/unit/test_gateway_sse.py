@@ -46,3 +46,31 @@ def test_binary_answers_keep_their_tensors_and_get_a_new_header_length() -> None
     assert length is not None and body[length:] == tensors
     assert json.loads(body[:length])["model_name"] == "llama"
     assert rename_infer_response(b"xx", 5, TRITON, "llama") == (b"xx", 5)
+
+
+def test_an_answer_as_triton_writes_it_is_renamed_byte_for_byte() -> None:
+    """Triton's compact answer, `model_name` first: only the name changes; every other byte,
+    floats as Triton printed them included, passes unchanged."""
+    rest = b',"model_version":"1","outputs":[{"name":"OUTPUT0","data":[-0.34005558490753176]}]}'
+    body = b'{"model_name":"' + TRITON.encode() + b'"' + rest
+    assert rename_json(body, TRITON, "llama") == b'{"model_name":"llama"' + rest
+    assert rename_json(body, TRITON, 'say "hi"') == b'{"model_name":"say \\"hi\\""' + rest
+    header_length = len(body)
+    renamed, length = rename_infer_response(body + b"\x00\x01", header_length, TRITON, "llama")
+    assert renamed == b'{"model_name":"llama"' + rest + b"\x00\x01"
+    assert length == len(renamed) - 2
+
+
+def test_an_answer_naming_triton_again_is_renamed_by_parsing() -> None:
+    """The Triton name further on (an error message, another field) is renamed as any
+    other answer is: the byte shortcut does not apply."""
+    again = {"model_name": TRITON, "name": TRITON, "error": f"in {TRITON}", "data": [1.5]}
+    body = json.dumps(again, separators=(",", ":")).encode()
+    assert json.loads(rename_json(body, TRITON, "llama")) == {
+        "model_name": "llama",
+        "name": "llama",
+        "error": "in llama",
+        "data": [1.5],
+    }
+    other = b'{"model_name":"' + TRITON.encode() + b'x","a":1}'  # a longer name: not ours
+    assert rename_json(other, TRITON, "llama") == other
