@@ -203,6 +203,30 @@ async def test_a_huge_body_is_refused_by_its_declared_length_before_it_is_read()
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("parts", [1, 2])
+async def test_a_chunked_body_past_the_limit_is_refused_however_it_arrives(parts: int) -> None:
+    """No declared length: the body is counted as it is read, whether it came whole with
+    the headers (read at once) or in parts (read as they arrive)."""
+    async with world(max_body_bytes=1000) as w:
+        reader, writer = await asyncio.open_connection("127.0.0.1", w.served.url.split(":")[-1])
+        chunk = b"%x\r\n%s\r\n" % (2000, b" " * 2000)
+        request = (
+            b"POST /v2/models/llama/infer HTTP/1.1\r\nHost: llama.team-a.svc\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        writer.write(request + chunk if parts == 1 else request)
+        if parts == 2:
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(chunk)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        assert b" 413 " in status_line, status_line
+
+
+@pytest.mark.asyncio
 async def test_a_body_trickled_slower_than_the_timeout_is_answered_408() -> None:
     async with limited_world(body_timeout_seconds=0.5) as w, healthy_model_probe(w) as latencies:
         reader, writer = await asyncio.open_connection("127.0.0.1", w.served.url.split(":")[-1])

@@ -120,6 +120,13 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_seconds: fl
     declared = request.content_length
     if declared is not None:
         _check_size(declared, max_bytes)
+    content = request.content
+    if encoding == "identity" and content.is_eof():
+        # the whole body came with the headers (an inference request usually does): no
+        # wait, so no timer and no copy
+        body = content.read_nowait()
+        _check_size(len(body), max_bytes)
+        return body
     inflater = None if encoding == "identity" else _Inflater(encoding)
     out = bytearray()
     received = 0

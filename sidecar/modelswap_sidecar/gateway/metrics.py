@@ -70,12 +70,20 @@ class GatewayMetrics:
             "Requests the gateway is handling now (queued ones included).",
             registry=registry,
         )
+        # each request's counter, found without building its labels again (`labels` takes
+        # a lock and checks every value); as many as the registry holds anyway
+        self._answered: dict[tuple[str, str, str, int], Counter] = {}
 
     def register_queue_depth(self, provider: DepthProvider) -> None:
         self.registry.register(QueueDepthCollector(provider))
 
     def answered(self, route: ModelRoute | None, code: int) -> None:
-        self.requests.labels(*_labels(route), str(code)).inc()
+        labels = _labels(route)
+        key = (*labels, code)
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(*labels, str(code))
+        child.inc()
 
     # QueueObserver
     def swap_in_triggered(self, route: ModelRoute) -> None:

@@ -16,6 +16,7 @@ Triton never sees these names: each route carries the UID-derived Triton name.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,7 @@ def is_namespace(value: str) -> bool:
     return _LABEL.match(value) is not None
 
 
+@functools.lru_cache(maxsize=1024)  # clients send the same few hosts, every request
 def namespace_from_host(host: str | None) -> str | None:
     """The namespace of a Service host name (`llama.team-a.svc.cluster.local:8080` ->
     `team-a`), or None when the host is not one."""
