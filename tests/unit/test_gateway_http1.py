@@ -243,6 +243,31 @@ async def test_an_answer_ended_by_closing_or_asking_to_close_is_not_reused() -> 
 
 
 @pytest.mark.asyncio
+async def test_a_kept_alive_connection_closed_unanswered_is_tried_once_on_a_new_one() -> None:
+    """Triton closes a kept-alive connection as the next request goes out on it: that
+    request is sent again on a new connection; a new connection closed unanswered is not."""
+
+    async def one_answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"%d" % server.connections))
+        await writer.drain()
+        await read_request(reader)  # the next request on it: closed unanswered
+
+    async with raw_server(one_answer_each) as server, pool_for(server) as pool:
+        assert await get(pool) == (200, b"1")
+        assert await get(pool) == (200, b"2")  # sent on 1, closed, sent again on 2
+        assert server.connections == 2
+
+    async def hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    async with raw_server(hangs_up) as server, pool_for(server) as pool:
+        with pytest.raises(ConnectionError):
+            await get(pool)
+        assert server.connections == 1
+
+
+@pytest.mark.asyncio
 async def test_an_answer_released_before_its_end_closes_its_connection() -> None:
     async def first_one_partly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

@@ -20,7 +20,9 @@ not HTTP, from `connect` when Triton does not listen) or TimeoutError (no connec
 the connect timeout, or a silence of the read timeout while an answer is awaited); the
 caller (`upstream`) turns them into its error. A connection is reused only after an
 answer was read to its end and Triton did not ask to close; an answer released early
-closes its connection.
+closes its connection. A request sent on a kept-alive connection that Triton closes before
+a byte of its answer arrives (Triton closed it while idle, as the request went out) is sent
+once more on a new connection.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import cast
 
 #: Longest status line and headers of an answer.
 MAX_HEAD_BYTES = 64 << 10
@@ -151,15 +154,20 @@ class _Connection(asyncio.Protocol):
         self._paused_writing = False
         self._drained: asyncio.Future[None] | None = None
         self.closed = False
+        #: taken from the pool's idle connections, not opened for this request
+        self.reused = False
+        #: a byte of the answer to the current request came
+        self.heard = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self._transport = cast(asyncio.Transport, transport)
         self._arm(self._pool.read_timeout_seconds)
 
     def data_received(self, data: bytes) -> None:
         self._last_data_seconds = time.monotonic()
+        self.heard = True
         if self._state == _IDLE:
             self._fail(ConnectionError("Triton sent bytes no request asked for"))
             return
@@ -204,6 +212,7 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         answer = self._answer = Answer(self)
         self._state = _HEAD
+        self.heard = False
         head_future = self._head = loop.create_future()
         self._last_data_seconds = time.monotonic()
         if len(body) <= 1 << 16:
@@ -423,13 +432,21 @@ class ConnectionPool:
             f"{method} {target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
             f"Content-Length: {len(body)}\r\n{headers}\r\n"
         ).encode("latin-1")
-        connection = await self._acquire()
-        try:
-            return await connection.send(head, body)
-        except BaseException:
-            connection.close()
-            self.put_back(connection, False)
-            raise
+        for attempt in (1, 2):
+            connection = await self._acquire(fresh=attempt == 2)
+            try:
+                return await connection.send(head, body)
+            except ConnectionError:
+                self.put_back(connection, False)
+                # a kept-alive connection Triton closed, unheard, as the request went out
+                # (it closed it while idle): once more, on a new connection
+                if attempt == 1 and connection.reused and not connection.heard:
+                    continue
+                raise
+            except BaseException:
+                self.put_back(connection, False)
+                raise
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         self._closed = True
@@ -443,7 +460,7 @@ class ConnectionPool:
         await asyncio.sleep(0)  # let the transports finish closing
 
     # -- slots and connections
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, *, fresh: bool = False) -> _Connection:
         if self._in_use >= self.limit:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -458,9 +475,10 @@ class ConnectionPool:
         else:
             self._in_use += 1
         try:
-            while self._idle:
+            while self._idle and not fresh:
                 connection = self._idle.pop()
                 if not connection.closed:
+                    connection.reused = True
                     return connection
             return await self._connect()
         except BaseException:
