@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -345,6 +346,32 @@ async def test_a_request_cancelled_while_awaiting_its_answer_frees_its_place() -
             await waiting
         assert await get(pool) == (200, b"second")  # on a new connection, in the one place
         assert server.connections == 2
+
+
+@pytest.mark.asyncio
+async def test_a_request_cancelled_while_its_body_goes_out_frees_its_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def reads_nothing_first(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if server.connections == 1:
+            await asyncio.sleep(30)  # never reads: the client's writes back up
+        await read_request(reader)
+        writer.write(ok(b"second"))
+        await writer.drain()
+        await reader.read()
+
+    async with raw_server(reads_nothing_first) as server, pool_for(server, limit=1) as pool:
+        sending = asyncio.create_task(get(pool, body=b"z" * (64 << 20)))
+        await until_on_loop(lambda: server.connections == 1, "the first request going out")
+        await asyncio.sleep(0.1)
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        assert await get(pool) == (200, b"second")
+    gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 @pytest.mark.asyncio

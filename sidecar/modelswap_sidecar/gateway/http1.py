@@ -220,10 +220,14 @@ class _Connection(asyncio.Protocol):
         else:  # no copy of a large body
             self._transport.write(head)
             self._transport.write(body)
-        if self._paused_writing and not self.closed:
-            self._drained = loop.create_future()
-            await self._drained
-        await head_future
+        try:
+            if self._paused_writing and not self.closed:
+                self._drained = loop.create_future()
+                await self._drained
+            await head_future
+        except BaseException:
+            head_future.cancel()  # a failure that comes later is nobody's to retrieve
+            raise
         return answer
 
     def released(self, reusable: bool) -> None:
