@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -418,6 +419,49 @@ async def test_silence_past_the_read_timeout_fails_the_answer() -> None:
     ):
         with pytest.raises(TimeoutError):
             await answer.read()
+
+
+@pytest.mark.asyncio
+async def test_a_connection_unused_past_the_idle_expiry_is_closed() -> None:
+    async with raw_server(answering(ok(b"a"), ok(b"b"))) as server:
+        pool = ConnectionPool(
+            "127.0.0.1",
+            server.port,
+            limit=4,
+            connect_timeout_seconds=5,
+            read_timeout_seconds=600,
+            idle_seconds=0.3,
+        )
+        try:
+            assert await get(pool) == (200, b"a")
+            assert pool.open_connections == 1
+            await until_on_loop(lambda: pool.open_connections == 0, "the idle connection closed")
+            assert await get(pool) == (200, b"a")  # a new connection's first answer
+            assert server.connections == 2
+        finally:
+            await pool.close()
+
+
+@pytest.mark.asyncio
+async def test_a_read_timeout_shorter_than_the_idle_expiry_still_holds_on_a_kept_connection() -> (
+    None
+):
+    async def answers_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"a"))
+        await writer.drain()
+        await reader.read()  # the second request is never answered
+
+    async with (
+        raw_server(answers_once) as server,
+        pool_for(server, read_timeout_seconds=0.3) as pool,
+    ):
+        assert await get(pool) == (200, b"a")
+        await asyncio.sleep(0.5)  # idle: the connection's timer is now armed for 15 s
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await get(pool)  # on the kept connection
+        assert time.monotonic() - started < 2
 
 
 @pytest.mark.asyncio

@@ -20,9 +20,9 @@ not HTTP, from `connect` when Triton does not listen) or TimeoutError (no connec
 the connect timeout, or a silence of the read timeout while an answer is awaited); the
 caller (`upstream`) turns them into its error. A connection is reused only after an
 answer was read to its end and Triton did not ask to close; an answer released early
-closes its connection. A request sent on a kept-alive connection that Triton closes before
-a byte of its answer arrives (Triton closed it while idle, as the request went out) is sent
-once more on a new connection.
+closes its connection, and one unused for `IDLE_SECONDS` is closed. A request sent on a
+kept-alive connection that Triton closes before a byte of its answer arrives (Triton
+closed it while idle, as the request went out) is sent once more on a new connection.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from typing import cast
 MAX_HEAD_BYTES = 64 << 10
 #: Body bytes buffered for a reader that has not taken them before reading pauses.
 MAX_BUFFERED_BYTES = 4 << 20
+#: A kept-alive connection unused this long is closed (aiohttp's client waits as long), so
+#: the connections a burst opened do not stay open for ever.
+IDLE_SECONDS = 15.0
 
 _HEAD_END = b"\r\n\r\n"
 _NO_BODY_STATUSES = (204, 304)
@@ -163,7 +166,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
         self._transport = cast(asyncio.Transport, transport)
-        self._arm(self._pool.read_timeout_seconds)
+        self._last_data_seconds = time.monotonic()
+        self._arm(self._first_check_seconds())
 
     def data_received(self, data: bytes) -> None:
         self._last_data_seconds = time.monotonic()
@@ -215,6 +219,8 @@ class _Connection(asyncio.Protocol):
         self.heard = False
         head_future = self._head = loop.create_future()
         self._last_data_seconds = time.monotonic()
+        if self._pool.read_timeout_seconds is not None:
+            self._check_by(self._pool.read_timeout_seconds)
         if len(body) <= 1 << 16:
             self._transport.write(head + body)
         else:  # no copy of a large body
@@ -253,24 +259,45 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    # -- the read timeout: a silence of that long while an answer is awaited. One timer per
-    # connection, for its life: it fires at the latest `timeout` after the last byte (or
-    # request), and re-arms itself for the rest when bytes came since; no timer per request.
-    def _arm(self, delay_seconds: float | None) -> None:
-        if delay_seconds is not None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(delay_seconds, self._check_silence)
+    # -- the read timeout (a silence of that long while an answer is awaited) and the idle
+    # expiry (a connection unused that long is closed). One timer per connection, for its
+    # life: it fires at the latest when either may have passed since the last byte (or
+    # request), and re-arms itself for the rest; no timer per request.
+    def _arm(self, delay_seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(delay_seconds, 0.0), self._check_silence)
+
+    def _first_check_seconds(self) -> float:
+        timeout = self._pool.read_timeout_seconds
+        idle = self._pool.idle_seconds
+        return idle if timeout is None else min(timeout, idle)
 
     def _check_silence(self) -> None:
         self._timer = None
-        timeout = self._pool.read_timeout_seconds
-        if timeout is None or self.closed:
+        if self.closed:
             return
         silent = time.monotonic() - self._last_data_seconds
-        if self._state == _IDLE or self._paused_reading or silent < timeout:
-            self._arm(timeout - silent if 0 <= silent < timeout else timeout)
+        if self._state == _IDLE:
+            limit = self._pool.idle_seconds
+            if silent >= limit:
+                self.close()  # `connection_lost` takes it out of the pool
+                return
         else:
-            self._fail(TimeoutError(f"Triton sent nothing for {timeout:g} s"))
+            timeout = self._pool.read_timeout_seconds
+            limit = self._pool.idle_seconds if timeout is None else timeout
+            if silent >= limit and timeout is not None and not self._paused_reading:
+                self._fail(TimeoutError(f"Triton sent nothing for {timeout:g} s"))
+                return
+        self._arm(limit - silent if silent < limit else limit)
+
+    def _check_by(self, delay_seconds: float) -> None:
+        """The timer fires within `delay_seconds` from now (a request starts: its read
+        timeout may be shorter than the idle expiry the timer was armed for)."""
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._timer.when() > loop.time() + delay_seconds:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._arm(delay_seconds)
 
     # -- parsing
     def _parse(self) -> None:
@@ -410,12 +437,14 @@ class ConnectionPool:
         limit: int,
         connect_timeout_seconds: float | None,
         read_timeout_seconds: float | None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.host = host
         self.port = port
         self.limit = limit
         self.connect_timeout_seconds = connect_timeout_seconds
         self.read_timeout_seconds = read_timeout_seconds
+        self.idle_seconds = idle_seconds
         self._host_header = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
