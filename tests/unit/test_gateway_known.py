@@ -16,7 +16,11 @@ from modelswap_sidecar.agent.core.knowledge import DesiredKnowledge
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
 from modelswap_sidecar.gateway.directory import ModelRoute
-from modelswap_sidecar.gateway.errors import ModelNotKnownYetError, UnknownModelError
+from modelswap_sidecar.gateway.errors import (
+    AmbiguousModelError,
+    ModelNotKnownYetError,
+    UnknownModelError,
+)
 from tests.support.agent_harness import entry, new_uid
 from tests.support.gateway_fakes import FakeDirectory, route
 from tests.support.gateway_world import GatewayWorld, gateway_world
@@ -92,6 +96,31 @@ def test_a_held_model_without_a_route_is_503_not_404(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(d, "route_of", no_route)
     with pytest.raises(ModelNotKnownYetError):
         d.lookup("classify", None)
+
+
+def test_a_lookup_routes_only_the_models_of_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    knowledge = DesiredKnowledge()
+    knowledge.pushed()
+    in_a = DesiredEntry.from_dict(entry(new_uid(), name="m", namespace="team-a"))
+    in_b = DesiredEntry.from_dict(entry(new_uid(), name="m", namespace="team-b"))
+    others = [desired(f"other-{i}") for i in range(5)]
+    d = directory(knowledge, in_a, in_b, *others)
+    made: list[str] = []
+    route_of = d.route_of
+
+    def counted(model: AgentModel) -> ModelRoute:
+        made.append(model.uid)
+        return route_of(model)
+
+    monkeypatch.setattr(d, "route_of", counted)
+    assert d.lookup("m", "team-b").uid == in_b.uid
+    assert sorted(made) == sorted([in_a.uid, in_b.uid])  # not the five others
+    with pytest.raises(AmbiguousModelError):
+        d.lookup("m", None)
+    with pytest.raises(UnknownModelError):
+        d.lookup("m", "team-c")
+    assert d.lookup("other-3", None).uid == others[3].uid
+    assert len(d.routes(None)) == 7
 
 
 class _NotKnownYet(FakeDirectory):
