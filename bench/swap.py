@@ -53,7 +53,7 @@ from typing import Any
 
 from bench import results_schema
 from modelswap_client import _libc
-from modelswap_client.mappers.sim import POPULATE_STEP_BYTES, Pacer
+from modelswap_client.mappers.sim import Pacer
 from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.allocators.sim import SimAllocator, _new_chunk_fd
 from modelswap_sidecar.engine.core import Engine, EngineSettings
@@ -84,9 +84,8 @@ def _pool_full(allocator: SimAllocator) -> None:
 
 #: the ways the ceiling tries to move the bytes (each with 1..cores threads): one mapping of
 #: the model's size, or one mapping per engine-sized chunk (as the swap-in does), so mapping
-#: one piece can overlap copying another, its page tables built by MAP_POPULATE ("chunks")
-#: or walked in the sim mapper's steps after mapping ("chunks_walked", as the swap-in does)
-CEILING_LAYOUTS = ("whole", "chunks", "chunks_walked")
+#: one piece can overlap copying another
+CEILING_LAYOUTS = ("whole", "chunks")
 
 
 def ceiling_means(cores: int | None = None) -> list[tuple[int, str]]:
@@ -126,8 +125,6 @@ def ceiling_seconds(src: int, size: int, threads: int = 1, layout: str = "whole"
 
     "whole": one chunk of `size`, mapped once, the copy split across the threads.
     "chunks": one chunk per POOL_CHUNK_BYTES, each mapped and copied by one thread.
-    "chunks_walked": the same, each mapped without MAP_POPULATE and its page tables walked
-    in POPULATE_STEP_BYTES steps (`_libc.populate`), as the sim mapper's grants do.
     The chunks are created and zeroed before the timing, like the engine's pool."""
     piece = size if layout == "whole" else POOL_CHUNK_BYTES
     sizes = [min(piece, size - off) for off in range(0, size, piece)]
@@ -146,14 +143,8 @@ def ceiling_seconds(src: int, size: int, threads: int = 1, layout: str = "whole"
         else:
 
             def one(i: int) -> None:
-                if layout == "chunks":
-                    addr = _map(fds[i], sizes[i], PROT_RW)
-                else:
-                    addr = _libc.mmap(0, sizes[i], PROT_RW, _libc.MAP_SHARED, fds[i])
+                addr = _map(fds[i], sizes[i], PROT_RW)
                 mapped.append((addr, sizes[i]))  # list.append is atomic under the GIL
-                if layout == "chunks_walked":
-                    for off in range(0, sizes[i], POPULATE_STEP_BYTES):
-                        _libc.populate(addr + off, min(POPULATE_STEP_BYTES, sizes[i] - off))
                 ctypes.memmove(addr, src + i * piece, sizes[i])
 
             _run_threads([lambda i=i: one(i) for i in range(len(sizes))], threads)
@@ -429,8 +420,7 @@ def run_size(
         throughput_bytes_per_second=size / med_ceiling,
         source_map_seconds=statistics.median(source_maps),
         best_means_threads=best[0],
-        best_means_chunked=float(best[1] != "whole"),
-        best_means_walked=float(best[1] == "chunks_walked"),
+        best_means_chunked=float(best[1] == "chunks"),
     )
     means_rows = [
         results_schema.result(
@@ -514,9 +504,7 @@ NOTES = [
     "MAP_SHARED|MAP_POPULATE (the mapping is timed with the copy), by every means tried: "
     "1..cores threads x (one mapping of the model's size, the copy split across the "
     "threads | one mapping per 32 MiB engine chunk, each mapped and copied by one thread, "
-    "so mapping one overlaps copying another | the same per chunk, mapped without "
-    "MAP_POPULATE and its page tables walked in 4 MiB MADV_POPULATE_READ steps, as the sim "
-    "mapper grants access: chunks_walked). Each repetition measures every means "
+    "so mapping one overlaps copying another). Each repetition measures every means "
     "(rows copy_<threads>t_<layout>) and its ceiling is the fastest of them; ceiling_copy "
     "is the median of those. A ratio_to_ceiling above 1 would be a measurement error. "
     "Mapping the source file is not in the ceiling (source_map_seconds); the client maps "
@@ -536,12 +524,9 @@ NOTES = [
     "(medians); > 1 means the swap-in was faster than the reference. paired_ratio_* are "
     "the median of the per-repetition ratios (each pair measured side by side).",
     "swap_in = engine.swap_in(): allocate from the pre-populated pool, export fds over "
-    "SCM_RIGHTS; the client maps them at its reserved addresses, grants access (sim: maps "
-    "each chunk again in place with the protection) and queues each chunk's page-table "
-    "walk (4 MiB MADV_POPULATE_READ steps) on one of its 2 copy streams, then replies (one "
-    "message); the streams walk while the reply and the agent's restore request travel, "
-    "then (second message) memmove each chunk from the host copy right behind its walk, and "
-    "the client replies. swap_out "
+    "SCM_RIGHTS, client maps them PROT_NONE at its reserved addresses (one message), then "
+    "(second message) grants access chunk by chunk (sim: re-map MAP_POPULATE) while 2 copy "
+    "streams memmove each granted chunk from the host copy (pipelined), replies. swap_out "
     "= quiesce, unmap, release (weights are clean); it is dominated by the kernel freeing "
     "the chunks' pages when the agent closes the last fd.",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import resource
 
@@ -16,10 +15,8 @@ MAP_FIXED = 0x10
 MAP_ANONYMOUS = 0x20
 MAP_NORESERVE = 0x4000
 MAP_POPULATE = 0x8000
-MADV_POPULATE_READ = 22  # Linux 5.14
 MAP_FAILED = ctypes.c_void_p(-1).value
 PR_SET_DUMPABLE = 4
-PAGE_BYTES = resource.getpagesize()
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _mmap = _libc.mmap
@@ -35,9 +32,6 @@ _mmap.argtypes = [
 _munmap = _libc.munmap
 _munmap.restype = ctypes.c_int
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_madvise = _libc.madvise
-_madvise.restype = ctypes.c_int
-_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _mprotect = _libc.mprotect
 _mprotect.restype = ctypes.c_int
 _mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -71,19 +65,6 @@ def munmap(address: int, length: int) -> None:
 
 def mprotect(address: int, length: int, prot: int) -> None:
     _check(_mprotect(address, length, prot), f"mprotect({address:#x}, {length})")
-
-
-def populate(address: int, length: int) -> None:
-    """Fault a mapped range's pages in now (`MADV_POPULATE_READ`: the mmap lock is held for
-    reading only, and only for this range). On a kernel before 5.14 (EINVAL), or where the
-    advice is refused, every page is read once instead."""
-    if _madvise(address, length, MADV_POPULATE_READ) == 0:
-        return
-    err = ctypes.get_errno()
-    if err not in (errno.EINVAL, errno.EPERM):
-        raise OSError(err, f"madvise({address:#x}, {length}, POPULATE_READ): {os.strerror(err)}")
-    for page in range(address, address + length, PAGE_BYTES):
-        ctypes.c_char.from_address(page).value  # noqa: B018 - the read is the point
 
 
 def memmove(dst: int, src: int, length: int) -> None:

@@ -292,7 +292,7 @@ def test_a_grant_refused_during_map_unmaps_everything_and_closes_every_fd() -> N
 
 def test_a_fresh_region_whose_grant_fails_fails_the_restore() -> None:
     class PopulateFails(CountingSim):
-        def _populate(self, m: _Mapping) -> None:
+        def _apply_access(self, m: _Mapping, old: int, prot: int) -> None:  # type: ignore[override]
             raise OSError(12, "populate refused (test)")
 
     sim = PopulateFails()

@@ -1,7 +1,6 @@
-"""The sim mapper's grants on a copy stream (`grant_on_stream`): the protection is set at
-once and the page-table walk runs on the stream; copies queued after a grant wait for its
-walk on any stream, a failed walk fails them and `synchronize()`, and nothing unmaps or
-re-grants under a walk in flight."""
+"""The sim mapper's grants on a copy stream (`grant_on_stream`): copies queued after a
+grant wait for it on any stream, a failed grant fails them and `synchronize()` and leaves
+the mapping without access, and nothing unmaps or re-grants under a grant in flight."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ MIB = 1 << 20
 
 
 class GatedSim(SimMapper):
-    """A sim mapper whose page-table walks wait for `gate` and log what ran, in order; with
-    `fail` set a walk raises instead."""
+    """A sim mapper whose grants wait for `gate` and log what ran, in order; with `fail`
+    set a grant raises instead of mapping."""
 
     def __init__(self) -> None:
         super().__init__(streams=2)
@@ -31,11 +30,11 @@ class GatedSim(SimMapper):
         self.fail = False
         self.log: list[str] = []
 
-    def _populate(self, m: _Mapping) -> None:
+    def _apply_access(self, m: _Mapping, old: int, prot: int) -> None:  # type: ignore[override]
         assert self.gate.wait(10), "test gate never opened"
         if self.fail:
             raise OSError(12, "populate refused (test)")
-        super()._populate(m)
+        SimMapper._apply_access(m, old, prot)
         self.log.append(f"grant {m.address:#x}")
 
 
@@ -110,7 +109,7 @@ def test_granting_what_is_granted_queues_nothing(
     assert sim.log == [f"grant {address:#x}"]
 
 
-def test_a_failed_walk_fails_the_copies_queued_behind_it_and_synchronize(
+def test_a_failed_grant_fails_its_copies_and_synchronize_and_leaves_no_access(
     sim: GatedSim, chunk: tuple[int, HostBuffer]
 ) -> None:
     address, host = chunk
@@ -121,10 +120,11 @@ def test_a_failed_walk_fails_the_copies_queued_behind_it_and_synchronize(
         copy.wait(10)
     with pytest.raises(CopyError):
         sim.synchronize()
-    assert sim.log == []
-    # the protection was set before the walk: a later copy faults its pages in itself
-    sim.copy_to_device(address, host.address, 4 * MIB).wait(10)
-    assert ctypes.string_at(address, 4 * MIB) == b"h" * (4 * MIB)
+    with pytest.raises(MapperError, match="not mapped with access"):
+        sim.copy_to_device(address, host.address, 4 * MIB)
+    sim.fail = False
+    sim.set_access(address, 4 * MIB)  # the grant can be made again
+    assert sim.log == [f"grant {address:#x}"]
 
 
 def test_nothing_unmaps_or_regrants_under_a_grant_in_flight(
@@ -136,13 +136,12 @@ def test_nothing_unmaps_or_regrants_under_a_grant_in_flight(
     with pytest.raises(MapperError, match="in flight"):
         sim.unmap(address, 4 * MIB)
     regrant = threading.Thread(target=sim.set_access, args=(address, 4 * MIB))
-    regrant.start()  # waits for the read-only grant's walk, then makes it writable
+    regrant.start()  # waits for the read-only grant, then makes it writable
     regrant.join(0.05)
     assert regrant.is_alive() and sim.log == []
     sim.gate.set()
     regrant.join(10)
-    assert not regrant.is_alive()
-    assert sim.log == [f"grant {address:#x}"]  # walked once: the pages stay mapped
+    assert sim.log == [f"grant {address:#x}", f"grant {address:#x}"]
     ctypes.memset(address, 1, 4 * MIB)  # writable now
 
 
@@ -155,34 +154,3 @@ def test_a_failed_grant_with_no_copy_after_it_is_reported_once_by_synchronize(
     with pytest.raises(CopyError, match="populate refused"):
         sim.synchronize()
     sim.synchronize()  # reported, then cleared
-
-
-def test_populate_walks_a_range_in_steps_and_falls_back_to_reading_each_page(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    size = 4 * MIB
-    address = _libc.mmap(
-        0, size, _libc.PROT_READ | _libc.PROT_WRITE, _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS
-    )
-    try:
-        _libc.populate(address, size)  # this kernel's madvise
-        calls: list[int] = []
-
-        def old_kernel(addr: int, length: int, advice: int) -> int:
-            calls.append(advice)
-            ctypes.set_errno(22)  # EINVAL: no MADV_POPULATE_READ before Linux 5.14
-            return -1
-
-        monkeypatch.setattr(_libc, "_madvise", old_kernel)
-        _libc.populate(address, size)  # reads every page instead
-        assert calls == [_libc.MADV_POPULATE_READ]
-
-        def broken(addr: int, length: int, advice: int) -> int:
-            ctypes.set_errno(14)  # EFAULT: a real failure is not papered over
-            return -1
-
-        monkeypatch.setattr(_libc, "_madvise", broken)
-        with pytest.raises(OSError, match="POPULATE_READ"):
-            _libc.populate(address, size)
-    finally:
-        _libc.munmap(address, size)

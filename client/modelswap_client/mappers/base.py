@@ -5,8 +5,8 @@ the agent exports (as fds over `SCM_RIGHTS`) at the same addresses on every swap
 pointers (and CUDA graphs) stay valid. Backends, loaded lazily by name through `get_mapper`:
 
 - ``sim``: reserve is an anonymous `PROT_NONE` mapping; map is `mmap(MAP_SHARED|MAP_FIXED)`
-  of the chunk's memfd with no access, and `set_access` maps it again in place with the
-  granted protection and walks its page tables (`MADV_POPULATE_READ`); unmap maps anonymous
+  of the chunk's memfd with no access, and `set_access` maps it again in place with
+  `MAP_POPULATE` and the granted protection; unmap maps anonymous
   `PROT_NONE|MAP_FIXED|MAP_NORESERVE` over the range; copies are real `memmove`s run on
   worker threads (optionally paced to a scaled link bandwidth).
 - ``cuda-vmm``: `cuMemAddressReserve`, `cuMemImportFromShareableHandle` (then close the

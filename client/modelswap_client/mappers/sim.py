@@ -3,11 +3,10 @@
 It enforces the CUDA rules of `base` (2 MiB granularity, access set after map, whole
 mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-shaped.
 `map` places a chunk PROT_NONE (an access faults, as before `cuMemSetAccess`);
-`set_access` maps it again at the same address with the granted protection and walks its
-page tables once (`MADV_POPULATE_READ`, in steps), so copies never fault. That walk is
-much of a small swap-in's cost here, so `grant_on_stream` sets the protection at once and
-runs the walk on a copy stream: one chunk's walk overlaps the copy of the chunk before, on
-the other stream.
+`set_access` maps it again at the same address with `MAP_SHARED|MAP_FIXED|MAP_POPULATE`
+and the granted protection, so a swap-in walks the page tables once. That walk is most of
+a small swap-in's cost here, so `grant_on_stream` runs it on a copy stream: one chunk's
+grant overlaps the copy of the chunk before, on the other stream.
 Pacing (`bandwidth_bytes_per_second`) emulates a link slower than this machine's copy
 ceiling: every copy, on every stream, books its transfer time on one shared `Pacer`
 timeline, so all streams together move at most that many bytes per second (a real link is
@@ -42,9 +41,6 @@ from modelswap_client.mappers.base import (
     Reservation,
 )
 
-#: a grant's page-table walk goes this many bytes per call (see `SimMapper._populate`)
-POPULATE_STEP_BYTES = 2 * GRANULARITY_BYTES
-
 
 @dataclass(slots=True)
 class _Mapping:
@@ -54,8 +50,8 @@ class _Mapping:
     access: int  # _libc.PROT_* bits; PROT_NONE until set_access
     fd: int  # the handle's kept fd (lives until `release`, which needs the range unmapped)
     offset_bytes: int
-    #: the `grant_on_stream` job walking the mapping's page tables (None: walked at once);
-    #: copies to or from the mapping wait for it
+    #: the `grant_on_stream` job that gives `access` effect (None: granted at once); copies
+    #: to or from the mapping wait for it
     grant: _Event | None = None
 
 
@@ -210,9 +206,9 @@ class SimMapper(Mapper):
         self._starts: list[int] = []  # sorted mapping addresses
         self._host: dict[int, HostBuffer] = {}
         self._streams = [_Stream(f"modelswap-copy-{i}") for i in range(streams)]
-        #: page-table walks of grants that failed since the last `synchronize` (which
-        #: reports them, as a CUDA synchronize reports an asynchronous error: a grant with
-        #: no copy after it has nobody else to tell)
+        #: grants failed since the last `synchronize` (which reports them, as a CUDA
+        #: synchronize reports an asynchronous error: a grant with no copy after it has
+        #: nobody else to tell)
         self._grant_errors: list[BaseException] = []
 
     # -- address space ---------------------------------------------------------------
@@ -352,25 +348,14 @@ class SimMapper(Mapper):
         return covered
 
     @staticmethod
-    def _protect(m: _Mapping, old: int, prot: int) -> None:
-        """Give the mapping `prot` (no page is touched)."""
+    def _apply_access(m: _Mapping, old: int, prot: int) -> None:
         if old == _libc.PROT_NONE:
-            # first access: map the chunk again in place with the protection; a PROT_NONE
-            # mapping of it cannot simply be mprotect'ed (MAP_SHARED of a read-only view)
-            flags = _libc.MAP_SHARED | _libc.MAP_FIXED
+            # first access: map the chunk again in place, populated, so copies never
+            # fault (the pool's chunks are zeroed already: this only builds page tables)
+            flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
             _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
         else:
             _libc.mprotect(m.address, m.size_bytes, prot)
-
-    def _populate(self, m: _Mapping) -> None:
-        """Build the mapping's page tables now, so copies never fault (the pool's chunks
-        are zeroed already: this only fills page tables). In `POPULATE_STEP_BYTES` steps:
-        each holds the process's mmap lock for reading, and between steps a thread that
-        needs it for writing (another chunk's grant, an allocator growing its heap) gets
-        it, instead of stalling behind a whole chunk's walk with every page fault queued
-        behind it (the agent's next message sat ~5-10 ms in the reader thread that way)."""
-        for offset in range(0, m.size_bytes, POPULATE_STEP_BYTES):
-            _libc.populate(m.address + offset, min(POPULATE_STEP_BYTES, m.size_bytes - offset))
 
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
         self._aligned(address, size_bytes)
@@ -379,41 +364,40 @@ class SimMapper(Mapper):
         with self._lock:
             for m in self._whole_mappings(address, size_bytes):
                 if m.access != prot:
-                    self._protect(m, m.access, prot)
-                    first = m.access == _libc.PROT_NONE
+                    self._apply_access(m, m.access, prot)
                     m.access = prot
-                    if first:
-                        self._populate(m)
 
     def grant_on_stream(
         self, address: int, size_bytes: int, stream: int, *, writable: bool = True
     ) -> None:
-        """The protection is set at once (it takes the mmap lock for writing, briefly);
-        the page-table walk runs on the stream, and copies wait for it."""
         self._aligned(address, size_bytes)
         prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
         self._wait_grants(address, size_bytes)
         with self._lock:
-            fresh: list[_Mapping] = []
-            for m in self._whole_mappings(address, size_bytes):
-                if m.access != prot:
-                    self._protect(m, m.access, prot)
-                    if m.access == _libc.PROT_NONE:
-                        fresh.append(m)
-                    m.access = prot
-            if not fresh:
+            changes = [
+                (m, m.access) for m in self._whole_mappings(address, size_bytes) if m.access != prot
+            ]
+            if not changes:
                 return
 
             def work() -> None:
-                try:
-                    for m in fresh:
-                        self._populate(m)
-                except BaseException as e:
-                    self._grant_errors.append(e)  # for the next `synchronize`
-                    raise
+                for n, (m, old) in enumerate(changes):
+                    try:
+                        self._apply_access(m, old, prot)
+                    except BaseException as e:
+                        # what was not granted is recorded as it is (an attribute store is
+                        # atomic; the lock may be held by a caller waiting for this job)
+                        for m_left, old_left in changes[n:]:
+                            m_left.access = old_left
+                        self._grant_errors.append(e)  # for the next `synchronize`
+                        raise
 
+            # recorded as granted now, so copies queued next pass the checks; they wait
+            # for the job (`_grants_of`) before touching the memory
+            for m, _ in changes:
+                m.access = prot
             event = self._streams[stream % len(self._streams)].submit(work)
-            for m in fresh:
+            for m, _ in changes:
                 m.grant = event
 
     def _grants_of(self, address: int, size_bytes: int) -> list[_Event]:
