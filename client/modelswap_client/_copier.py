@@ -5,7 +5,6 @@ agent handler (`_handler`) does, from what these return."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from typing import Any
 
 from modelswap_api.wire import ErrorCode, Message, RegionKind
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import CopyEvent, Handle, HostBuffer, Mapper, MapperError
+from modelswap_client.mappers.base import CopyEvent, Handle, HostBuffer, Mapper
 from modelswap_client.regions import Region, Regions
 
 
@@ -80,11 +79,9 @@ class Copier:
             message.close_fds()  # the writable fds of host-store files never stay here
 
     def map(self, message: Message) -> None:
-        """Import the agent's chunks and map them at the regions' addresses, then queue
-        each chunk's access grant on the copy stream its restore copy will take, so the
-        grants run while this reply and the agent's restore request travel. All or
-        nothing: on a failure what was mapped is unmapped and released, and every fd is
-        consumed or closed."""
+        """Import the agent's chunks and map them (no access yet) at the regions'
+        addresses. All or nothing: on a failure what was mapped is unmapped and released,
+        and every fd is consumed or closed."""
         mapper = self._mapper
         done: list[tuple[Region, int, int, Handle]] = []
         fds = list(message.fds)
@@ -105,11 +102,7 @@ class Copier:
                         mapper.release(h)
                         raise
                     done.append((r, int(c["offset"]), int(c["bytes"]), h))
-            # the same stream per chunk as `restore` gives its copy (one piece per chunk)
-            for n, (r, offset, size, _) in enumerate(done):
-                mapper.grant_on_stream(r.address + offset, size, n % mapper.stream_count())
         except BaseException:
-            self._settle()  # no grant may be in flight on a range being unmapped
             for r, offset, size, h in done:
                 mapper.unmap(r.address + offset, size)
                 mapper.release(h)
@@ -121,19 +114,12 @@ class Copier:
         for r, offset, size, h in done:
             r.handles.append((offset, size, h))
 
-    def _settle(self) -> None:
-        """Wait for every queued copy and grant, their failures aside (a rollback follows)."""
-        with contextlib.suppress(MapperError):
-            self._mapper.synchronize()
-
     def restore(self, message: Message) -> Restored:
         """Grant access chunk by chunk and copy each host copy in right behind it.
 
-        Each mapping's (chunk's) grant is queued on the copy stream that takes its first
-        piece, and its copies right after it, round-robin over the streams: one stream
-        grants chunk i+1 while another copies chunk i (for the sim mapper a grant builds
-        the chunk's page tables, as costly as a good part of its copy). `map` queued the
-        grants already; granting again what is granted does nothing.
+        Access is set per mapping (chunk) and that chunk's copies are queued at once, so
+        the copy streams move chunk i while this thread grants access to chunk i+1 (for
+        the sim mapper, granting access populates the page tables: the two overlap).
         """
         mapper = self._mapper
         buffers = []
@@ -157,10 +143,8 @@ class Copier:
                     host = mapper.map_host(fd, int(rd["bytes"]), writable=False)
                     buffers.append(host)
                 for offset, size, _ in sorted(r.handles, key=lambda h: h[0]):
-                    stream = queued % streams
-                    mapper.grant_on_stream(r.address + offset, size, stream, writable=True)
+                    mapper.set_access(r.address + offset, size, writable=True)
                     if host is None:
-                        queued += 1  # the next grant goes to the next stream
                         continue
                     for off, n in self._pieces(offset, size):
                         events.append(
@@ -175,7 +159,6 @@ class Copier:
                     result[r.tag] = "restored"
             for ev in events:
                 ev.wait()
-            mapper.synchronize()  # the grants too (a fresh region's have no copy after them)
             copy_seconds = time.perf_counter() - started
         finally:
             mapper.synchronize()

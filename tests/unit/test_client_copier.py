@@ -13,8 +13,8 @@ import pytest
 from modelswap_api.wire import ErrorCode, Message, Op, RegionKind
 from modelswap_client._copier import Copier
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import CopyError, Handle, HostBuffer, MapperError
-from modelswap_client.mappers.sim import SimMapper, _Mapping
+from modelswap_client.mappers.base import Handle, HostBuffer, MapperError
+from modelswap_client.mappers.sim import SimMapper
 from modelswap_client.regions import Regions, RegionSpec
 
 MIB = 1 << 20
@@ -239,71 +239,3 @@ def test_export_names_every_chunk_and_closes_its_fds_when_one_export_fails(
     with pytest.raises(MapperError):
         regions.export(mapped=True)
     assert open_fds() == before
-
-
-class FailingGrantSim(CountingSim):
-    """Refuses the n-th grant (1-based) when it is queued."""
-
-    def __init__(self, fail_at: int) -> None:
-        super().__init__()
-        self.fail_at = fail_at
-        self.grants = 0
-
-    def grant_on_stream(
-        self, address: int, size_bytes: int, stream: int, *, writable: bool = True
-    ) -> None:
-        self.grants += 1
-        if self.grants == self.fail_at:
-            raise MapperError("grant refused (test)")
-        super().grant_on_stream(address, size_bytes, stream, writable=writable)
-
-
-def test_map_queues_every_chunk_grant_so_a_copy_may_follow_at_once(
-    sim: CountingSim, regions: Regions
-) -> None:
-    copier = Copier(sim, regions, copy_piece_bytes=32 * MIB)
-    copier.map(map_message(regions, 2 * MIB))
-    src = memfd(2 * MIB, b"s")
-    host = sim.map_host(src, 2 * MIB)
-    w = regions["w"]
-    for offset in range(0, 8 * MIB, 2 * MIB):  # no set_access: map granted every chunk
-        sim.copy_to_device(w.address + offset, host.address, 2 * MIB).wait(10)
-    assert region_bytes(regions, "w") == b"s" * (8 * MIB)
-    sim.unmap_host(host)
-    os.close(src)
-
-
-def test_a_grant_refused_during_map_unmaps_everything_and_closes_every_fd() -> None:
-    sim = FailingGrantSim(fail_at=3)
-    regions = Regions(sim)
-    try:
-        regions.reserve([RegionSpec("w", 8 * MIB), RegionSpec("kv", 3 * MIB, "kv")])
-        copier = Copier(sim, regions, copy_piece_bytes=32 * MIB)
-        before = open_fds()
-        with pytest.raises(MapperError, match="grant refused"):
-            copier.map(map_message(regions, 2 * MIB))  # two grants queued, then refused
-        assert [r.handles for r in regions] == [[], []]
-        assert sim.mapped_ranges() == []
-        assert open_fds() == before
-    finally:
-        regions.free()
-        sim.close()
-
-
-def test_a_fresh_region_whose_grant_fails_fails_the_restore() -> None:
-    class PopulateFails(CountingSim):
-        def _apply_access(self, m: _Mapping, old: int, prot: int) -> None:  # type: ignore[override]
-            raise OSError(12, "populate refused (test)")
-
-    sim = PopulateFails()
-    regions = Regions(sim)
-    try:
-        regions.reserve([RegionSpec("w", 8 * MIB)])
-        copier = Copier(sim, regions, copy_piece_bytes=32 * MIB)
-        copier.map(map_message(regions, 2 * MIB))  # its grants fail on the streams
-        with pytest.raises(CopyError, match="populate refused"):
-            copier.restore(Message(Op.RESTORE, 2, 1, {"regions": [{"tag": "w", "fresh": True}]}))
-        regions.unmap_all()
-    finally:
-        regions.free()
-        sim.close()

@@ -24,8 +24,7 @@ CUDA-shaped):
    open fd pins the memory). The returned `Handle` keeps the memory alive until `release`.
    (The sim backend keeps a private dup inside the handle, used only by `export_fd`.)
 3. `map` places `size_bytes` of a handle, from `offset_bytes`, at `address` inside a
-   reservation, with NO access; `set_access` (or `grant_on_stream`) must follow before any
-   use (CUDA's rule). A
+   reservation, with NO access; `set_access` must follow before any use (CUDA's rule). A
    range may only be mapped where nothing is mapped.
 4. `unmap(address, size_bytes)` takes exactly one whole mapping as it was mapped; unmapping
    part of a mapping, or a range spanning two, raises `MapperError`. Call `synchronize()`
@@ -156,17 +155,6 @@ class Mapper(abc.ABC):
     @abc.abstractmethod
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
         """Grant read (and write) access to a mapped range (`cuMemSetAccess`)."""
-
-    def grant_on_stream(
-        self, address: int, size_bytes: int, stream: int, *, writable: bool = True
-    ) -> None:
-        """Grant access like `set_access`, as the next step of copy stream `stream`: copies
-        queued after this call, on any stream, may target the range (they wait for the
-        grant), and a failed grant fails them and `synchronize()`. A mapper whose grant
-        does real work per page (the sim mapper builds page tables) runs it on the
-        stream, so one chunk's grant overlaps the copies of the chunk before; this
-        default grants at once (`cuMemSetAccess` is a host call)."""
-        self.set_access(address, size_bytes, writable=writable)
 
     @abc.abstractmethod
     def unmap(self, address: int, size_bytes: int) -> None:

@@ -4,9 +4,7 @@ It enforces the CUDA rules of `base` (2 MiB granularity, access set after map, w
 mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-shaped.
 `map` places a chunk PROT_NONE (an access faults, as before `cuMemSetAccess`);
 `set_access` maps it again at the same address with `MAP_SHARED|MAP_FIXED|MAP_POPULATE`
-and the granted protection, so a swap-in walks the page tables once. That walk is most of
-a small swap-in's cost here, so `grant_on_stream` runs it on a copy stream: one chunk's
-grant overlaps the copy of the chunk before, on the other stream.
+and the granted protection, so a swap-in walks the page tables once.
 Pacing (`bandwidth_bytes_per_second`) emulates a link slower than this machine's copy
 ceiling: every copy, on every stream, books its transfer time on one shared `Pacer`
 timeline, so all streams together move at most that many bytes per second (a real link is
@@ -50,9 +48,6 @@ class _Mapping:
     access: int  # _libc.PROT_* bits; PROT_NONE until set_access
     fd: int  # the handle's kept fd (lives until `release`, which needs the range unmapped)
     offset_bytes: int
-    #: the `grant_on_stream` job that gives `access` effect (None: granted at once); copies
-    #: to or from the mapping wait for it
-    grant: _Event | None = None
 
 
 class _Event(CopyEvent):
@@ -206,10 +201,6 @@ class SimMapper(Mapper):
         self._starts: list[int] = []  # sorted mapping addresses
         self._host: dict[int, HostBuffer] = {}
         self._streams = [_Stream(f"modelswap-copy-{i}") for i in range(streams)]
-        #: grants failed since the last `synchronize` (which reports them, as a CUDA
-        #: synchronize reports an asynchronous error: a grant with no copy after it has
-        #: nobody else to tell)
-        self._grant_errors: list[BaseException] = []
 
     # -- address space ---------------------------------------------------------------
 
@@ -335,83 +326,30 @@ class SimMapper(Mapper):
             )
             bisect.insort(self._starts, address)
 
-    def _whole_mappings(self, address: int, size_bytes: int) -> list[_Mapping]:
-        """The mappings that exactly tile [address, +size_bytes) (under `_lock`)."""
-        covered = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
-        cursor = address
-        for m in covered:
-            if m.address != cursor:
-                break
-            cursor = m.address + m.size_bytes
-        if not covered or cursor != address + size_bytes:
-            raise MapperError("set_access must cover whole, contiguous mappings")
-        return covered
-
-    @staticmethod
-    def _apply_access(m: _Mapping, old: int, prot: int) -> None:
-        if old == _libc.PROT_NONE:
-            # first access: map the chunk again in place, populated, so copies never
-            # fault (the pool's chunks are zeroed already: this only builds page tables)
-            flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
-            _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
-        else:
-            _libc.mprotect(m.address, m.size_bytes, prot)
-
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
         self._aligned(address, size_bytes)
         prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
-        self._wait_grants(address, size_bytes)  # a pending grant first, then this one
         with self._lock:
-            for m in self._whole_mappings(address, size_bytes):
-                if m.access != prot:
-                    self._apply_access(m, m.access, prot)
-                    m.access = prot
-
-    def grant_on_stream(
-        self, address: int, size_bytes: int, stream: int, *, writable: bool = True
-    ) -> None:
-        self._aligned(address, size_bytes)
-        prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
-        self._wait_grants(address, size_bytes)
-        with self._lock:
-            changes = [
-                (m, m.access) for m in self._whole_mappings(address, size_bytes) if m.access != prot
-            ]
-            if not changes:
-                return
-
-            def work() -> None:
-                for n, (m, old) in enumerate(changes):
-                    try:
-                        self._apply_access(m, old, prot)
-                    except BaseException as e:
-                        # what was not granted is recorded as it is (an attribute store is
-                        # atomic; the lock may be held by a caller waiting for this job)
-                        for m_left, old_left in changes[n:]:
-                            m_left.access = old_left
-                        self._grant_errors.append(e)  # for the next `synchronize`
-                        raise
-
-            # recorded as granted now, so copies queued next pass the checks; they wait
-            # for the job (`_grants_of`) before touching the memory
-            for m, _ in changes:
+            covered = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
+            cursor = address
+            for m in covered:
+                if m.address != cursor:
+                    break
+                cursor = m.address + m.size_bytes
+            if not covered or cursor != address + size_bytes:
+                raise MapperError("set_access must cover whole, contiguous mappings")
+            for m in covered:
+                if m.access == prot:
+                    continue
+                if m.access == _libc.PROT_NONE:
+                    # first access: map the chunk again in place, populated, so copies
+                    # never fault (the pool's chunks are zeroed already: this only
+                    # builds page tables)
+                    flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
+                    _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
+                else:
+                    _libc.mprotect(m.address, m.size_bytes, prot)
                 m.access = prot
-            event = self._streams[stream % len(self._streams)].submit(work)
-            for m, _ in changes:
-                m.grant = event
-
-    def _grants_of(self, address: int, size_bytes: int) -> list[_Event]:
-        """Pending grant jobs of the mappings overlapping the range."""
-        with self._lock:
-            return [
-                m.grant
-                for m in self._overlapping(address, size_bytes)
-                if m.grant is not None and not m.grant.query()
-            ]
-
-    def _wait_grants(self, address: int, size_bytes: int) -> None:
-        for event in self._grants_of(address, size_bytes):
-            event.wait()
 
     def _cover(self, address: int, size_bytes: int) -> None:
         flags = _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_FIXED | _libc.MAP_NORESERVE
@@ -498,14 +436,10 @@ class SimMapper(Mapper):
         )
         self.bandwidth_bytes_per_second = float(bandwidth_bytes_per_second)
 
-    def _submit(
-        self, stream: int, dst: int, src: int, size_bytes: int, grants: list[_Event]
-    ) -> CopyEvent:
+    def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
         pacer = self.pacer
 
         def work() -> None:
-            for grant in grants:  # the device range's access, granted on another stream
-                grant.wait()
             # booked when the copy starts (a stream runs its copies in order), so the
             # memmove's own time counts towards the slot
             deadline = pacer.reserve(size_bytes) if pacer is not None else 0.0
@@ -520,16 +454,14 @@ class SimMapper(Mapper):
     ) -> CopyEvent:
         self._check_device(dst_address, size_bytes, _libc.PROT_READ | _libc.PROT_WRITE)
         self._check_host(src_address, size_bytes, writable=False)
-        grants = self._grants_of(dst_address, size_bytes)
-        return self._submit(stream, dst_address, src_address, size_bytes, grants)
+        return self._submit(stream, dst_address, src_address, size_bytes)
 
     def copy_to_host(
         self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
     ) -> CopyEvent:
         self._check_device(src_address, size_bytes, _libc.PROT_READ)
         self._check_host(dst_address, size_bytes, writable=True)
-        grants = self._grants_of(src_address, size_bytes)
-        return self._submit(stream, dst_address, src_address, size_bytes, grants)
+        return self._submit(stream, dst_address, src_address, size_bytes)
 
     def synchronize(self) -> None:
         errors = []
@@ -539,13 +471,8 @@ class SimMapper(Mapper):
                     event.wait()
                 except CopyError as e:
                     errors.append(e)
-        failed_grants, self._grant_errors = self._grant_errors, []
         if errors:
             raise errors[0]
-        if failed_grants:
-            raise CopyError(
-                f"access grant failed (the mapping has no access): {failed_grants[0]}"
-            ) from failed_grants[0]
 
     def close(self) -> None:
         for s in self._streams:
