@@ -83,7 +83,7 @@ class Upstream:
             raise self._error("the gateway is not started")
         if json_body is not None:
             body = json.dumps(json_body).encode()
-            headers = _JSON
+            headers = _JSON + headers
         try:
             return await self._pool.request(method, path, _ALWAYS + headers, body or b"")
         except (TimeoutError, OSError) as e:
