@@ -17,7 +17,9 @@ from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.engine.core import Engine, EngineSettings
+from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 from modelswap_sidecar.metrics import NodeMetrics
 from tests.support.agent_harness import entry, new_uid
@@ -64,3 +66,11 @@ def test_the_model_label_is_the_user_facing_name(engine: Engine) -> None:
     )
     # the control API still reports the ModelDeployment's own name
     assert reports.model_infos(engine, [named], (GPU,))[0].name == "classify-prod"
+
+
+def test_the_engine_answers_a_model_state_alone_as_its_status_does(engine: Engine) -> None:
+    """The gateway's per-request residency check reads `state` instead of a whole status."""
+    engine.add_model(ModelConfig("m", 0))
+    assert engine.state("m") is engine.status("m").state
+    with pytest.raises(UnknownModel):
+        engine.state("never-added")

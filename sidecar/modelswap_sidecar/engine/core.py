@@ -29,6 +29,7 @@ from modelswap_sidecar.engine.protocol import ClientProtocol
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.recovery import Recovery
 from modelswap_sidecar.engine.settings import CHECKPOINTS, EngineSettings, no_checkpoint
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.status import ModelStatus, as_dict
 from modelswap_sidecar.engine.swaps import Swapper
 from modelswap_sidecar.engine.table import ModelTable
@@ -190,6 +191,11 @@ class Engine:
 
     def statuses(self) -> list[ModelStatus]:
         return self._table.statuses()
+
+    def state(self, name: str) -> EngineState:
+        """The model's state alone (UnknownModel: no such model): what a per-request
+        residency check reads, without building its whole status."""
+        return self._table.get(name).state
 
     def gpu_of(self, name: str) -> int:
         """The GPU the model lives on (UnknownModel: no such model)."""

@@ -227,7 +227,7 @@ class Actuator:
 
     def engine_state(self, model: AgentModel) -> EngineState | None:
         try:
-            return self.engine.status(model.triton_name).state
+            return self.engine.state(model.triton_name)
         except UnknownModel:
             return None
 
