@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import signal
 import sys
@@ -63,10 +62,9 @@ from bench.twin_record import (
     load_records,
     replay,
     verdict,
-    with_receipts,
 )
 from examples.models import reference
-from modelswap_sidecar.gateway.exchange import QUEUE_WAIT_HEADER
+from modelswap_sidecar.gateway.exchange import QUEUE_WAIT_HEADER, RECEIVED_AT_HEADER
 from modelswap_sidecar.simulate.traces import GeneratorSpec, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,9 +103,11 @@ NOTES = [
     "(GET /v1/models swapIns/swapOuts over the run); swap-in durations are the engine's "
     "(lastSwapInSeconds, polled every 20 ms: a model swapped in twice between polls shows "
     "once, so samples can be fewer than swap-ins).",
-    "Replay (both ways): the recorded send times, each request's own service time = its "
-    "latency less the gateway's wait for its model's swap-in (X-Modelswap-Queue-Wait-"
-    "Seconds), a compute slot per model (one Triton instance each), the models resident at "
+    "Replay (both ways): each request arrives when the gateway received it (its "
+    "X-Modelswap-Received-At answer header), in that order, and is served for its own "
+    "service time = from the end of its wait for its model's swap-in (receipt + "
+    "X-Modelswap-Queue-Wait-Seconds) to its answer, a compute slot per model (one Triton "
+    "instance each), the models resident at "
     "the run's start warm and the others in the host store; GPU = the node's (GET /v1/node: "
     "HBM, reserve, per-process overhead), link = the pace; admissions on a GPU serial, as "
     "the agent's Actuator._admission_lock makes them; a simulated swap-in lasts from its "
@@ -118,7 +118,7 @@ NOTES = [
     "engine's median swap-in with no victim - bytes / pace; swap-out = the control call's "
     "median), never fitted to the compared swaps.",
     "Count check (the replay follows the record): the n-th swap-in of a model ends when "
-    "the real n-th one did as the gateway saw it (the latest send time + queue wait of the "
+    "the real n-th one did as the gateway saw it (the latest receipt + queue wait of the "
     "requests that waited for it), or the engine's duration of it after the replay's "
     "admission, whichever is later; swap-outs take no time of their own (they are inside "
     "the recorded swap-ins). What is left to the simulator is what it decides: admissions, "
@@ -166,14 +166,7 @@ class SwapWatch:
             trust_env=False,
         )
         self.swaps: list[SwapSeen] = []
-        #: (model, seconds from `start`) of each new lastRequestTime seen: when the gateway
-        #: received the model's latest request (or, every policy tick, Triton's last
-        #: inference time)
-        self.received: list[tuple[str, float]] = []
         self.start = start
-        #: the wall-clock time of `start`
-        self._wall_start = time.time() + (start - time.monotonic())
-        self._last_request: dict[str, str] = {}
         self._stop = threading.Event()
         first = self._models()
         self._first_in = {m["name"]: m.get("swapIns", 0) for m in first}
@@ -193,11 +186,6 @@ class SwapWatch:
         ins: list[SwapSeen] = []
         for m in self._models():
             name = m["name"]
-            stamp = m.get("lastRequestTime")
-            if stamp and stamp != self._last_request.get(name):
-                self._last_request[name] = stamp
-                wall = datetime.datetime.fromisoformat(stamp).timestamp()
-                self.received.append((name, wall - self._wall_start))
             count_in, count_out = m.get("swapIns", 0), m.get("swapOuts", 0)
             # numbered within the run; several between two looks: only the last one's
             # duration is known
@@ -249,8 +237,10 @@ async def send_all(
     gateway_url: str, schedule: list[tuple[float, str]], start: float
 ) -> list[Request]:
     """Each (time, model) sent at `start` (a monotonic time) + its time (open loop),
-    answers checked, the gateway's wait for a swap-in read from its answer header."""
+    answers checked, the gateway's receipt and its wait for a swap-in read from the
+    answer's headers."""
     want_checksum = big_checksum(WEIGHTS_BYTES)
+    wall_start = time.time() + (start - time.monotonic())  # the epoch time of `start`
     requests: list[Request] = []
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
 
@@ -265,6 +255,7 @@ async def send_all(
             sent = time.monotonic()
             correct = False
             waited = 0.0
+            received: float | None = None
             try:
                 r = await client.post(
                     f"/v2/models/{model}/infer",
@@ -272,6 +263,8 @@ async def send_all(
                     headers={"Content-Type": "application/json"},
                 )
                 waited = float(r.headers.get(QUEUE_WAIT_HEADER, 0.0))
+                if RECEIVED_AT_HEADER in r.headers:
+                    received = float(r.headers[RECEIVED_AT_HEADER]) - wall_start
                 if r.status_code == 200:
                     outputs = {o["name"]: o for o in r.json()["outputs"]}
                     data = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(-1, 8)
@@ -288,6 +281,7 @@ async def send_all(
                     latency_seconds=time.monotonic() - sent,
                     correct=correct,
                     queue_wait_seconds=waited,
+                    received_seconds=received,
                 )
             )
 
@@ -306,9 +300,8 @@ def one_run(node: LocalNode, run: int, time_scale: float) -> RunRecord:
     # one clock for the requests and the swaps seen, starting once both are ready
     start = time.monotonic() + START_LEAD_SECONDS
     with SwapWatch(node, start) as watch:
-        sent = asyncio.run(send_all(node.state["gatewayUrl"], schedule, start))
+        requests = asyncio.run(send_all(node.state["gatewayUrl"], schedule, start))
         time.sleep(0.5)  # the last swap's facts reach the control API
-    requests = with_receipts(sent, watch.received)
     after = node.models()
     stats_after = triton_compute(node, names)
     compute = {}
@@ -322,7 +315,7 @@ def one_run(node: LocalNode, run: int, time_scale: float) -> RunRecord:
         spec={"swapPolicy": SWAP_POLICY},
         resident_at_start=resident,
         requests=tuple(requests),
-        duration_seconds=max((r.arrival_seconds for r in requests), default=0.0),
+        duration_seconds=max((r.arrival_at_gateway_seconds for r in requests), default=0.0),
         swap_ins=sum(after[n]["swapIns"] - before[n]["swapIns"] for n in names),
         swap_outs=sum(after[n]["swapOuts"] - before[n]["swapOuts"] for n in names),
         swaps=tuple(watch.swaps),

@@ -2,15 +2,17 @@
 the simulator's inputs and replayed, and the verdict comparing the two (issue 14,
 deliverable 7). `bench/twin.py` makes the records (side effects); nothing here does I/O.
 
-A record holds every request's send time (seconds from the run's start), model, latency
-and the gateway's wait for its model's swap-in (`X-Modelswap-Queue-Wait-Seconds`); the
+A record holds every request's send time (seconds from the run's start), model, latency,
+when the gateway received it (`X-Modelswap-Received-At`) and its wait there for its
+model's swap-in (`X-Modelswap-Queue-Wait-Seconds`); the
 models resident when the run started; the agent's swap counts; and every swap the agent
 was seen to make (polled), each swap-in with the engine's own duration.
 
 Each record is replayed twice through `modelswap_sidecar.simulate.engine`, both times with
 the agent's policy module and settings (watermarks only), one GPU shaped like the node's
-sim GPU (HBM, reserve, per-process overhead from `GET /v1/node`, link = the pace), the
-recorded send times and each request's own service time (its latency less its wait):
+sim GPU (HBM, reserve, per-process overhead from `GET /v1/node`, link = the pace), each
+request arriving when the gateway received it, in that order (the order the agent saw
+them in), and served for its own service time (from the end of its wait to its answer):
 
 - `predict`: every swap costs what the calibration measured before the run (fixed costs
   plus bytes over the link). An independent prediction: the latency check compares its
@@ -29,7 +31,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from modelswap_sidecar.policy.inputs import PolicySettings, Residency
@@ -45,8 +47,6 @@ SECONDS_PER_TOKEN = 1e-6
 #: issue 14: median swap-in latencies agree within max(20 %, 20 ms)
 LATENCY_RELATIVE_TOLERANCE = 0.20
 LATENCY_ABSOLUTE_TOLERANCE_SECONDS = 0.020
-#: the agent's lastRequestTime's resolution
-RECEIPT_RESOLUTION_SECONDS = 0.001
 
 Mode = Literal["predict", "follow"]
 
@@ -62,8 +62,8 @@ class Request:
     #: how long the gateway held it for its model's swap-in (its X-Modelswap-Queue-Wait-
     #: Seconds answer header; 0 when the model was resident)
     queue_wait_seconds: float = 0.0
-    #: when the gateway received it (seconds from the run's start; the agent's
-    #: lastRequestTime, ms), where a poll saw it; None: not seen
+    #: when the gateway received it (seconds from the run's start, from its
+    #: X-Modelswap-Received-At answer header); None: no answer from the gateway
     received_seconds: float | None = None
 
     @property
@@ -74,10 +74,11 @@ class Request:
     @property
     def service_seconds(self) -> float:
         """Its own service time: in flight once its model served it (forwarding, Triton's
-        queue and compute, the answer back), as the client timed it: its latency less its
-        wait at the gateway. (Less its way to the gateway too where that is known would
-        mix two clocks: the replay keeps the client's, for every request.)"""
-        return max(self.latency_seconds - self.queue_wait_seconds, SECONDS_PER_TOKEN)
+        queue and compute, the answer back), from the end of its wait at the gateway to
+        its answer: its latency less its way to the gateway and its wait there."""
+        answered = self.arrival_seconds + self.latency_seconds
+        served_from = self.arrival_at_gateway_seconds + self.queue_wait_seconds
+        return max(answered - served_from, SECONDS_PER_TOKEN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,32 +139,6 @@ class RunRecord:
         return tuple(s.seconds for s in self.swaps if s.kind == "in" and s.seconds is not None)
 
 
-def with_receipts(
-    requests: Sequence[Request], received: Sequence[tuple[str, float]]
-) -> list[Request]:
-    """Each request with when the gateway received it, where a poll saw that: a model's
-    new lastRequestTime (ms) is the receipt of its latest request sent by then, unless that
-    one has its receipt already (the agent also takes Triton's last inference time every
-    policy tick) or could not have been received then (its wait would end after its
-    answer came: a Triton time after its swap-in)."""
-    out = list(requests)
-    for model, seen in received:
-        candidates = [
-            i
-            for i, r in enumerate(out)
-            if r.model == model and r.arrival_seconds <= seen + RECEIPT_RESOLUTION_SECONDS
-        ]
-        if not candidates:
-            continue
-        i = max(candidates, key=lambda k: out[k].arrival_seconds)
-        r = out[i]
-        at = max(seen, r.arrival_seconds)
-        answered = r.arrival_seconds + r.latency_seconds
-        if r.received_seconds is None and at + r.queue_wait_seconds <= answered:
-            out[i] = replace(r, received_seconds=at)
-    return out
-
-
 def load_records(data: Mapping[str, Any]) -> tuple[list[NodeShape], list[RunRecord]]:
     """What `python -m bench.twin --record FILE` wrote (its JSON, parsed), back as the node
     shapes and run records it was written from."""
@@ -180,13 +155,13 @@ def load_records(data: Mapping[str, Any]) -> tuple[list[NodeShape], list[RunReco
 
 
 def to_trace(record: RunRecord) -> Trace:
-    """The record's requests as a simulator trace, sorted by arrival: model indices into
-    `record.models`, no input tokens, each request's own service time in output tokens of
-    `SECONDS_PER_TOKEN` (at least one)."""
+    """The record's requests as a simulator trace, each arriving when the gateway received
+    it, in that order: model indices into `record.models`, no input tokens, each request's
+    own service time in output tokens of `SECONDS_PER_TOKEN` (at least one)."""
     index = {name: i for i, name in enumerate(record.models)}
-    ordered = sorted(record.requests, key=lambda r: (r.arrival_seconds, index[r.model]))
+    ordered = sorted(record.requests, key=lambda r: (r.arrival_at_gateway_seconds, index[r.model]))
     return Trace(
-        arrival_seconds=[r.arrival_seconds for r in ordered],
+        arrival_seconds=[r.arrival_at_gateway_seconds for r in ordered],
         model_index=[index[r.model] for r in ordered],
         input_tokens=[0] * len(ordered),
         output_tokens=[max(1, round(r.service_seconds / SECONDS_PER_TOKEN)) for r in ordered],
@@ -238,20 +213,18 @@ class RealSwapIn:
     #: than the end of the swap-in before it on the GPU plus its own duration (admissions
     #: are serial), and no later than the poll that saw it
     ended_at_seconds: float | None
-    #: the latest send time + queue wait of the model's requests that waited for it (None:
-    #: none did): the end by the client's clock; earlier than the end by the time a request
-    #: took to reach the gateway
+    #: the latest receipt + queue wait of the model's requests that waited for it (None:
+    #: none did): the end as the gateway saw it
     waited_until_seconds: float | None = None
 
 
 def swap_in_ends(record: RunRecord) -> dict[tuple[str, int], RealSwapIn]:
     """(model, n) -> its n-th real swap-in. A request that waited for its model waited for
-    the first swap-in of it seen after the request was sent (a poll sees a swap after it
-    ended; the model is not out again within a poll of coming in); its wait ended at send
-    + queue wait by the client's clock, a little before the swap-in's end (the request
-    reached the gateway after it was sent; in a burst on a busy machine, much after). The
-    swap-ins of one GPU follow one another, so one ended no earlier than the one before it
-    plus its own duration."""
+    the first swap-in of it seen after the gateway received the request (a poll sees a
+    swap after it ended; the model is not out again within a poll of coming in); its wait
+    ended at its receipt + queue wait, when the gateway saw the swap-in end. The swap-ins
+    of one GPU follow one another, so one ended no earlier than the one before it plus its
+    own duration."""
     ins = [s for s in record.swaps if s.kind == "in"]
     seen: dict[str, list[SwapSeen]] = defaultdict(list)
     for s in ins:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -125,16 +126,23 @@ async def test_a_request_for_a_swapped_out_model_swaps_it_in_once() -> None:
         async def one(i: int) -> tuple[int, Any, dict[str, str]]:
             return await w.post("/ns/team-a/v2/models/bert/infer", infer_body([i]))
 
+        sent_from = time.time()
         tasks = [asyncio.create_task(one(i)) for i in range(30)]
         await until_on_loop(lambda: w.served.gateway.queues.depth(BERT.uid) == 30, "30 queued")
         labels = {"uid": BERT.uid, "namespace": "team-a", "model": "bert"}
         assert w.served.metric("modelswap_gateway_queue_depth_requests", **labels) == 30
+        released_at = time.time()
         w.directory.release(BERT.uid)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
         assert [body["outputs"][0]["data"] for _, body, _ in results] == [
             [2 * i] for i in range(30)
         ]
         assert all(float(h["X-Modelswap-Queue-Wait-Seconds"]) >= 0 for _, _, h in results)
+        # each was received before the swap-in ended, and waited at least until then
+        for _, _, h in results:
+            received = float(h["X-Modelswap-Received-At"])
+            assert sent_from <= received <= released_at
+            assert received + float(h["X-Modelswap-Queue-Wait-Seconds"]) >= released_at - 0.002
         assert w.directory.swap_ins[BERT.uid] == 1
         assert w.served.metric("modelswap_gateway_swap_ins_triggered_total", **labels) == 1
         assert w.served.metric("modelswap_gateway_requests_total", **labels, code="200") == 30

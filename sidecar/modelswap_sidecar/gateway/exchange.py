@@ -37,6 +37,9 @@ Flavour = Literal["v2", "openai"]
 PROGRESS_HEADER = "X-Modelswap-Progress"
 STATE_HEADER = "X-Modelswap-State"
 QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
+#: when the gateway received the request (epoch seconds): with the queue wait, it splits a
+#: client's latency into its way to the node, its wait for a swap-in and its service
+RECEIVED_AT_HEADER = "X-Modelswap-Received-At"
 
 #: The model a request was for, and the status its answer stands for (for the metrics).
 ROUTE = web.RequestKey("gateway_route", ModelRoute)
@@ -85,6 +88,7 @@ class Exchange:
         self.progress = progress
         self.flavour: Flavour = "openai" if request[FLAVOUR] == "openai" else "v2"
         self.waited_seconds = 0.0
+        self.received_at_seconds = gw.clock()
         self._stream: web.StreamResponse | None = None
 
     @property
@@ -163,16 +167,17 @@ class Exchange:
             response.release()
         raise AssertionError("unreachable")
 
-    def queue_headers(self) -> dict[str, str]:
+    def timing_headers(self) -> dict[str, str]:
+        received = {RECEIVED_AT_HEADER: f"{self.received_at_seconds:.6f}"}
         if not self.waited_seconds:
-            return {}
-        return {QUEUE_WAIT_HEADER: f"{self.waited_seconds:.3f}"}
+            return received
+        return {**received, QUEUE_WAIT_HEADER: f"{self.waited_seconds:.3f}"}
 
     async def stream(self) -> web.StreamResponse:
         """The event stream to the client, opened (200) if it was not already."""
         if self._stream is None:
             stream = web.StreamResponse(status=200, headers=sse.STREAM_HEADERS)
-            stream.headers.update(self.queue_headers())
+            stream.headers.update(self.timing_headers())
             await stream.prepare(self.request)
             self._stream = stream
         return self._stream
@@ -189,7 +194,7 @@ class Exchange:
         if self._stream is None:
             response = web.Response(status=status, body=body, headers=headers)
             response.content_type = content_type
-            response.headers.update(self.queue_headers())
+            response.headers.update(self.timing_headers())
             return response
         if "json" not in content_type:
             message = "a binary answer cannot travel in a progress stream; ask without progress"
