@@ -168,14 +168,14 @@ def gateway_settings(settings: AgentSettings) -> GatewaySettings:
     )
 
 
-async def _serve_gateway(agent: Agent) -> web.AppRunner:
+async def _serve_gateway(agent: Agent) -> web.BaseRunner:
     gateway = gateway_settings(agent.settings)
     directory = AgentDirectory(agent.actuator, knowledge=agent.backend.knowledge)
     app = make_gateway_app(directory, gateway, registry=agent.registry)
     return await start_gateway(app)
 
 
-def _port_of(runner: web.AppRunner) -> int:
+def _port_of(runner: web.BaseRunner) -> int:
     for address in runner.addresses:
         if isinstance(address, tuple):
             return int(address[1])
