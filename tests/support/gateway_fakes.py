@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from modelswap_sidecar.gateway.app import bound_port, make_app, start
-from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.app import GatewayApp, bound_port, make_app, start
+from modelswap_sidecar.gateway.context import Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import SwapInFailedError
 from modelswap_sidecar.gateway.routing import RouteTable
@@ -135,12 +134,12 @@ def refuse(message: str) -> SwapInFailedError:
 @dataclass
 class ServedGateway:
     url: str
-    app: web.Application
+    app: GatewayApp
     registry: CollectorRegistry
 
     @property
     def gateway(self) -> Gateway:
-        return self.app[GATEWAY]
+        return self.app.gateway
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)

@@ -1,11 +1,16 @@
-"""The gateway's aiohttp application: KServe v2 (`v2`) and OpenAI (`openai_handlers`)
-routes in front of Triton, served on its own port with `handler_cancellation=True`, so a
-client that goes away cancels its handler (and frees its place in a swap-in queue).
+"""The gateway's server: KServe v2 (`v2`) and OpenAI (`openai_handlers`) routes in front of
+Triton, served on its own port.
 
     app = make_app(directory, settings, registry=registry)
     runner = await start(app)          # listening on settings.host:settings.port
     ...
-    await runner.cleanup()             # closes the connections to Triton
+    await runner.cleanup()             # closes the swap-in queues and the connections to Triton
+
+It is aiohttp's low-level server (`web.Server`): aiohttp parses requests and writes
+answers, and `GatewayApp.handle` is the one handler, with no application, router,
+middleware or signals per request; the gateway's own `paths.PathTable` says which
+endpoint a path names. Handler cancellation is on: a client that goes away cancels its
+handler (and frees its place in a swap-in queue).
 
 Errors are answered as `{"error": message, "reason": reason}` on v2 routes and as OpenAI
 error objects on `/v1` routes, with `Retry-After` on 429 and 503 refusals.
@@ -17,17 +22,24 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from prometheus_client import CollectorRegistry
 
 from modelswap_sidecar.gateway import openai, openai_handlers, v2
-from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelDirectory
-from modelswap_sidecar.gateway.errors import AmbiguousModelError, GatewayError
-from modelswap_sidecar.gateway.exchange import CODE, FLAVOUR, IN_FLIGHT, ROUTE
+from modelswap_sidecar.gateway.errors import (
+    AmbiguousModelError,
+    ExpectationFailedError,
+    GatewayError,
+    MethodNotAllowedError,
+    RouteNotFoundError,
+)
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
+from modelswap_sidecar.gateway.paths import PathTable
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.gateway.upstream import Upstream
@@ -42,7 +54,78 @@ LISTEN_BACKLOG = 4096
 #: The status counted for a request whose client went away (nginx's convention).
 CLIENT_GONE = 499
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class GatewayApp:
+    """The gateway's state and its one request handler."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.paths: PathTable[Handler] = PathTable()
+        v2.add_routes(self.paths)
+        openai_handlers.add_routes(self.paths)
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Route the request, answer errors, count it by model and status."""
+        gw = self.gateway
+        metrics = gw.metrics
+        metrics.in_flight_requests += 1
+        call = Call(gw, request)
+        code = 500
+        try:
+            handler = self._route(call)
+            if "Expect" in request.headers:
+                await _expect(request)
+            response = await handler(call)
+            code = call.code or response.status
+            return response
+        except GatewayError as e:
+            code = e.status
+            return error_response(call, e)
+        except web.HTTPException as e:
+            code = e.status
+            if e.status < 400:
+                raise
+            return error_response(call, _http_error(e))
+        except (asyncio.CancelledError, ConnectionResetError):
+            code = CLIENT_GONE
+            raise
+        except Exception:
+            logger.exception("%s %s failed", request.method, request.path)
+            return error_response(call, GatewayError("the gateway failed to handle the request"))
+        finally:
+            metrics.in_flight_requests -= 1
+            metrics.answered(call.route, code)
+            if call.admitted:
+                assert call.route is not None
+                gw.directory.request_finished(call.route.uid)
+
+    def _route(self, call: Call) -> Handler:
+        request = call.request
+        found = self.paths.match(request.rel_url.path_safe)
+        if found is None:
+            raise RouteNotFoundError(f"no such path: {request.path[:200]}")
+        endpoint = found.endpoint
+        call.flavour = endpoint.flavour
+        if request.method != endpoint.method:
+            raise MethodNotAllowedError(
+                f"{request.method[:20]} is not allowed on this path; use {endpoint.method}"
+            )
+        call.namespace, call.model, call.version = found.namespace, found.model, found.version
+        return endpoint.handler
+
+
+async def _expect(request: web.BaseRequest) -> None:
+    """`Expect: 100-continue` is answered `100 Continue` before the body is read (curl asks
+    so before a large body); any other expectation is a 417, as aiohttp's router did."""
+    expect = request.headers.get("Expect", "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise ExpectationFailedError(f"unknown Expect: {expect[:100]}")
+    await request.writer.write(_CONTINUE)
+    request.writer.output_size = 0  # the answer's size does not count the interim one
 
 
 def make_app(
@@ -51,7 +134,7 @@ def make_app(
     *,
     registry: CollectorRegistry,
     clock: Callable[[], float] = time.time,
-) -> web.Application:
+) -> GatewayApp:
     """The gateway over `directory`; its metrics go to `registry`; `clock` gives epoch
     seconds (last-request times, OpenAI `created`)."""
     metrics = GatewayMetrics(registry)
@@ -59,34 +142,50 @@ def make_app(
         directory, retry_after_seconds=settings.retry_after_seconds, observer=metrics
     )
     metrics.register_queue_depth(queues.depths)
-    gateway = Gateway(
-        directory=directory,
-        settings=settings,
-        queues=queues,
-        upstream=Upstream(settings),
-        metrics=metrics,
-        clock=clock,
+    return GatewayApp(
+        Gateway(
+            directory=directory,
+            settings=settings,
+            queues=queues,
+            upstream=Upstream(settings),
+            metrics=metrics,
+            clock=clock,
+        )
     )
-    app = web.Application(middlewares=[_observe], client_max_size=settings.max_body_bytes)
-    app[GATEWAY] = gateway
-    v2.add_routes(app)
-    openai_handlers.add_routes(app)
-    app.cleanup_ctx.append(_lifetime)
-    return app
 
 
-async def start(app: web.Application) -> web.AppRunner:
+class GatewayRunner(web.BaseRunner):
+    """Serves a `GatewayApp`: the connections to Triton open with the server; on cleanup,
+    after the server stopped, the swap-in queues and those connections close."""
+
+    def __init__(self, app: GatewayApp, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.app = app
+
+    async def shutdown(self) -> None:
+        pass
+
+    async def _make_server(self) -> web.Server:
+        await self.app.gateway.upstream.start()
+        return web.Server(self.app.handle, handler_cancellation=True, **self._kwargs)
+
+    async def _cleanup_server(self) -> None:
+        await self.app.gateway.queues.close()
+        await self.app.gateway.upstream.close()
+
+
+async def start(app: GatewayApp) -> GatewayRunner:
     """Serve `app` on its settings' host and port (port 0: any free one, see `bound_port`);
     the caller cleans the runner up."""
-    settings = app[GATEWAY].settings
+    settings = app.gateway.settings
     # Bodies are decoded by `bodies.read_body`, in bounded steps (aiohttp would inflate a
     # gzip bomb inside the event loop); the keep-alive timer also bounds a connection that
     # trickles its headers, since it is not reset by bytes of an unfinished request.
-    runner = web.AppRunner(
+    runner = GatewayRunner(
         app,
-        handler_cancellation=True,
         auto_decompress=False,
         keepalive_timeout=settings.idle_timeout_seconds,
+        access_log=None,  # none per request (the agent's logging never wanted it)
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=LISTEN_BACKLOG)
@@ -97,26 +196,18 @@ async def start(app: web.Application) -> web.AppRunner:
     return runner
 
 
-def bound_port(runner: web.AppRunner) -> int:
+def bound_port(runner: web.BaseRunner) -> int:
     for address in runner.addresses:
         if isinstance(address, tuple):
             return int(address[1])
     raise RuntimeError("the gateway is not listening on TCP")
 
 
-async def _lifetime(app: web.Application) -> AsyncIterator[None]:
-    gateway = app[GATEWAY]
-    await gateway.upstream.start()
-    yield
-    await gateway.queues.close()
-    await gateway.upstream.close()
-
-
-def error_response(request: web.Request, error: GatewayError) -> web.Response:
+def error_response(call: Call, error: GatewayError) -> web.Response:
     headers = {}
     if error.retry_after_seconds is not None:
         headers["Retry-After"] = str(max(1, error.retry_after_seconds))
-    if request.get(FLAVOUR) == "openai":
+    if call.flavour == "openai":
         body = openai.error_body(error.message, error.status, error.reason)
     else:
         body = {"error": error.message, "reason": error.reason}
@@ -128,38 +219,6 @@ def error_response(request: web.Request, error: GatewayError) -> web.Response:
         content_type="application/json",
         headers=headers,
     )
-
-
-@web.middleware
-async def _observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Errors into answers; every request counted by model and status."""
-    gateway = request.app[GATEWAY]
-    gateway.metrics.in_flight.inc()
-    code = 500
-    try:
-        response = await handler(request)
-        code = request.get(CODE, response.status)
-        return response
-    except GatewayError as e:
-        code = e.status
-        return error_response(request, e)
-    except web.HTTPException as e:
-        code = e.status
-        if e.status < 400:
-            raise
-        return error_response(request, _http_error(e))
-    except (asyncio.CancelledError, ConnectionResetError):
-        code = CLIENT_GONE
-        raise
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
-        return error_response(request, GatewayError("the gateway failed to handle the request"))
-    finally:
-        gateway.metrics.in_flight.dec()
-        gateway.metrics.answered(request.get(ROUTE), code)
-        admitted = request.get(IN_FLIGHT)
-        if admitted is not None:
-            gateway.directory.request_finished(admitted)
 
 
 def _http_error(e: web.HTTPException) -> GatewayError:

@@ -105,7 +105,7 @@ def _check_size(size: int, max_bytes: int, *, decoded: bool = False) -> None:
         )
 
 
-def _encoding_of(request: web.Request) -> str:
+def _encoding_of(request: web.BaseRequest) -> str:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
     if encoding not in ENCODINGS:
         raise UnsupportedEncodingError(
@@ -114,7 +114,7 @@ def _encoding_of(request: web.Request) -> str:
     return "gzip" if encoding == "x-gzip" else encoding
 
 
-async def read_body(request: web.Request, *, max_bytes: int, timeout_seconds: float) -> bytes:
+async def read_body(request: web.BaseRequest, *, max_bytes: int, timeout_seconds: float) -> bytes:
     """The request's body, decoded; a GatewayError as the module says when it cannot be."""
     encoding = _encoding_of(request)
     declared = request.content_length

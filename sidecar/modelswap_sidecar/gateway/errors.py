@@ -4,6 +4,9 @@
     ├── BadRequestError             400 BadRequest        malformed body, unsupported field
     ├── NamespaceRequiredError      400 NamespaceRequired no Service host, no /ns/ prefix,
     │                                                     and not local mode
+    ├── RouteNotFoundError          404 NotFound          a path the gateway does not serve
+    ├── MethodNotAllowedError       405 MethodNotAllowed  a path served under another method
+    ├── ExpectationFailedError      417 ExpectationFailed an `Expect` other than 100-continue
     ├── UnknownModelError           404 ModelNotFound     a name the node was not told of
     ├── ModelNotKnownYetError       503 ModelNotKnownYet  + Retry-After: the node does not know
     │                                                     its desired set yet, or has not
@@ -51,6 +54,21 @@ class BadRequestError(GatewayError):
 class NamespaceRequiredError(GatewayError):
     status = 400
     reason = "NamespaceRequired"
+
+
+class RouteNotFoundError(GatewayError):
+    status = 404
+    reason = "NotFound"
+
+
+class MethodNotAllowedError(GatewayError):
+    status = 405
+    reason = "MethodNotAllowed"
+
+
+class ExpectationFailedError(GatewayError):
+    status = 417
+    reason = "ExpectationFailed"
 
 
 class UnknownModelError(GatewayError):

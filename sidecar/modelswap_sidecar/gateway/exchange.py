@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 
 from modelswap_sidecar.gateway import openai, sse
-from modelswap_sidecar.gateway.context import Gateway
+from modelswap_sidecar.gateway.context import Call, Flavour
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError, UnknownModelError
 from modelswap_sidecar.gateway.http1 import Answer
@@ -32,8 +32,6 @@ from modelswap_sidecar.gateway.upstream import model_path
 
 logger = logging.getLogger(__name__)
 
-Flavour = Literal["v2", "openai"]
-
 PROGRESS_HEADER = "X-Modelswap-Progress"
 STATE_HEADER = "X-Modelswap-State"
 QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
@@ -41,24 +39,22 @@ QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
 #: client's latency into its way to the node, its wait for a swap-in and its service
 RECEIVED_AT_HEADER = "X-Modelswap-Received-At"
 
-#: The model a request was for, and the status its answer stands for (for the metrics).
-ROUTE = web.RequestKey("gateway_route", ModelRoute)
-CODE = web.RequestKey("gateway_code", int)
-FLAVOUR = web.RequestKey("gateway_flavour", str)
-#: The uid of the model a request was admitted to (counted in flight until answered).
-IN_FLIGHT = web.RequestKey("gateway_in_flight", str)
 
-
-def wants_progress(request: web.Request, *, streaming: bool) -> bool:
+def wants_progress(request: web.BaseRequest, *, streaming: bool) -> bool:
     if request.headers.get(PROGRESS_HEADER, "").strip().lower() == "sse":
         return True
     return streaming and sse.CONTENT_TYPE in request.headers.get("Accept", "")
 
 
-def route_for(gw: Gateway, request: web.Request, model: str) -> ModelRoute:
-    """The model `model` names for this request (see `routing`); records it for metrics."""
-    prefix = request.match_info.get("ns")
-    qualified, name = split_qualified(model) if request[FLAVOUR] == "openai" else (None, model)
+def route_for(call: Call, model: str | None = None) -> ModelRoute:
+    """The model `model` (by default the one the path names) names for this request (see
+    `routing`); kept in the call for its metrics."""
+    if model is None:
+        model = call.model
+        assert model is not None  # only model paths ask
+    gw, request = call.gw, call.request
+    prefix = call.namespace
+    qualified, name = split_qualified(model) if call.flavour == "openai" else (None, model)
     if prefix is not None and qualified is not None and prefix != qualified:
         raise BadRequestError(
             f"model {model!r} names namespace {qualified!r} but the path names {prefix!r}"
@@ -74,19 +70,18 @@ def route_for(gw: Gateway, request: web.Request, model: str) -> ModelRoute:
             e.message = f"{e.message} (namespace from {scope.origin})"
             e.args = (e.message,)
         raise
-    request[ROUTE] = route
+    call.route = route
     return route
 
 
 class Exchange:
-    def __init__(
-        self, gw: Gateway, request: web.Request, route: ModelRoute, *, progress: bool
-    ) -> None:
-        self.gw = gw
-        self.request = request
+    def __init__(self, call: Call, route: ModelRoute, *, progress: bool) -> None:
+        self.call = call
+        self.gw = gw = call.gw
+        self.request = call.request
         self.route = route
         self.progress = progress
-        self.flavour: Flavour = "openai" if request[FLAVOUR] == "openai" else "v2"
+        self.flavour: Flavour = call.flavour
         self.waited_seconds = 0.0
         self.received_at_seconds = gw.clock()
         self._stream: web.StreamResponse | None = None
@@ -99,9 +94,9 @@ class Exchange:
         self.gw.directory.record_request(self.route.uid, self.gw.clock())
 
     def _in_flight(self) -> None:
-        """Count the request in flight once it is admitted (`app._observe` ends it)."""
-        if IN_FLIGHT not in self.request:
-            self.request[IN_FLIGHT] = self.route.uid
+        """Count the request in flight once it is admitted (`GatewayApp.handle` ends it)."""
+        if not self.call.admitted:
+            self.call.admitted = True
             self.gw.directory.request_started(self.route.uid)
 
     async def admit(self) -> None:
@@ -149,7 +144,7 @@ class Exchange:
         releases the answer. A request that Triton refused because the model went away
         between admission and the call (it is not resident now) goes round once more."""
         self.record()
-        target = model_path(self.route.triton_name, self.request.match_info.get("version"), path)
+        target = model_path(self.route.triton_name, self.call.version, path)
         for attempt in (1, 2):
             await self.admit()
             response = await self.gw.upstream.open(
@@ -190,7 +185,7 @@ class Exchange:
         self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
     ) -> web.StreamResponse:
         """A whole answer: as itself, or as one event when a progress stream is open."""
-        self.request[CODE] = status
+        self.call.code = status
         if self._stream is None:
             response = web.Response(status=status, body=body, headers=headers)
             response.content_type = content_type
@@ -217,7 +212,7 @@ class Exchange:
         written into the open stream, which then ends."""
         if self._stream is None:
             raise error
-        self.request[CODE] = error.status
+        self.call.code = error.status
         if self.flavour == "openai":
             body: dict[str, Any] = openai.error_body(error.message, error.status, error.reason)
             await self._stream.write(sse.data_event(json.dumps(body)))

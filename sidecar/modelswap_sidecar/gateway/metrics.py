@@ -10,7 +10,7 @@
     modelswap_gateway_swap_ins_triggered_total{uid,namespace,model}     counter
         swap-ins the gateway asked for (one per cold period)
     modelswap_gateway_queue_depth_requests{uid,namespace,model}         gauge, read at scrape
-    modelswap_gateway_in_flight_requests                                gauge
+    modelswap_gateway_in_flight_requests                                gauge, read at scrape
 
 Every collector takes the registry it is given.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -65,11 +65,10 @@ class GatewayMetrics:
             MODEL_LABELS,
             registry=registry,
         )
-        self.in_flight = Gauge(
-            "modelswap_gateway_in_flight_requests",
-            "Requests the gateway is handling now (queued ones included).",
-            registry=registry,
-        )
+        #: requests being handled now: a plain count the server keeps, read at scrape time
+        #: (a Gauge took a lock twice per request)
+        self.in_flight_requests = 0
+        registry.register(_InFlightCollector(self))
         # each request's counter, found without building its labels again (`labels` takes
         # a lock and checks every value); as many as the registry holds anyway
         self._answered: dict[tuple[str, str, str, int], Counter] = {}
@@ -115,3 +114,20 @@ class QueueDepthCollector(Collector):
         for route, depth in self._provider():
             family.add_metric(_labels(route), depth)
         yield family
+
+
+class _InFlightCollector(Collector):
+    """`modelswap_gateway_in_flight_requests`, read from the server's count at scrape time."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "modelswap_gateway_in_flight_requests",
+            "Requests the gateway is handling now (queued ones included).",
+            value=self._metrics.in_flight_requests,
+        )

@@ -20,38 +20,33 @@ from aiohttp import web
 
 from modelswap_sidecar.gateway import openai, sse
 from modelswap_sidecar.gateway.bodies import decode_json, read_body
-from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.context import Call, Handler
 from modelswap_sidecar.gateway.errors import (
     GatewayError,
     ModelStreamError,
     TritonRefusedError,
     UnknownModelError,
 )
-from modelswap_sidecar.gateway.exchange import FLAVOUR, Exchange, route_for, wants_progress
+from modelswap_sidecar.gateway.exchange import Exchange, route_for, wants_progress
+from modelswap_sidecar.gateway.paths import Endpoint, PathTable
 from modelswap_sidecar.gateway.rewrite import rename_json
 from modelswap_sidecar.gateway.routing import display_ids, scope_of
 
 DONE = b"data: [DONE]\n\n"
 
 
-def add_routes(app: web.Application) -> None:
-    router = app.router
-    for ns in ("", "/ns/{ns}"):
-        router.add_get(ns + "/v1/models", _list, allow_head=False)
-        router.add_get(ns + "/v1/models/{model:.+}", _get, allow_head=False)
-        router.add_post(ns + "/v1/completions", _completions)
-        router.add_post(ns + "/v1/chat/completions", _chat)
+def add_routes(paths: PathTable[Handler]) -> None:
+    paths.scoped("/v1/models", Endpoint("GET", _list, "openai"))
+    paths.openai_model(Endpoint("GET", _get, "openai"))
+    paths.scoped("/v1/completions", Endpoint("POST", _completions, "openai"))
+    paths.scoped("/v1/chat/completions", Endpoint("POST", _chat, "openai"))
 
 
-def _gateway(request: web.Request) -> Gateway:
-    request[FLAVOUR] = "openai"
-    return request.app[GATEWAY]
-
-
-def _listed(gw: Gateway, request: web.Request) -> list[tuple[str, str, int]]:
+def _listed(call: Call) -> list[tuple[str, str, int]]:
+    gw = call.gw
     scope = scope_of(
-        request.match_info.get("ns"),
-        request.headers.get("Host"),
+        call.namespace,
+        call.request.headers.get("Host"),
         local_mode=gw.settings.local_mode,
     )
     routes = gw.directory.routes(scope.namespace)
@@ -60,34 +55,31 @@ def _listed(gw: Gateway, request: web.Request) -> list[tuple[str, str, int]]:
     return sorted((route.name, route.namespace, 0) for route in routes)
 
 
-async def _list(request: web.Request) -> web.Response:
-    gw = _gateway(request)
-    return web.json_response(openai.model_list(_listed(gw, request)))
+async def _list(call: Call) -> web.Response:
+    return web.json_response(openai.model_list(_listed(call)))
 
 
-async def _get(request: web.Request) -> web.Response:
-    gw = _gateway(request)
-    wanted = request.match_info["model"]
-    route = route_for(gw, request, wanted)
-    for model_id, owner, created in _listed(gw, request):
+async def _get(call: Call) -> web.Response:
+    wanted = call.model
+    assert wanted is not None  # the path names it
+    route = route_for(call)
+    for model_id, owner, created in _listed(call):
         if owner == route.namespace and model_id in (route.name, wanted):
             entry = {"id": model_id, "object": "model", "created": created, "owned_by": owner}
             return web.json_response(entry)
     raise UnknownModelError(f"model {wanted!r} not found")
 
 
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _text(request, openai.parse_completion)
+async def _completions(call: Call) -> web.StreamResponse:
+    return await _text(call, openai.parse_completion)
 
 
-async def _chat(request: web.Request) -> web.StreamResponse:
-    return await _text(request, openai.parse_chat)
+async def _chat(call: Call) -> web.StreamResponse:
+    return await _text(call, openai.parse_chat)
 
 
-async def _text(
-    request: web.Request, parse: Callable[[Any], openai.TextRequest]
-) -> web.StreamResponse:
-    gw = _gateway(request)
+async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.StreamResponse:
+    gw, request = call.gw, call.request
     body = decode_json(
         await read_body(
             request,
@@ -96,9 +88,9 @@ async def _text(
         )
     )
     text_request = parse(body)
-    route = route_for(gw, request, text_request.model)
+    route = route_for(call, text_request.model)
     exchange = Exchange(
-        gw, request, route, progress=wants_progress(request, streaming=text_request.stream)
+        call, route, progress=wants_progress(request, streaming=text_request.stream)
     )
     completion = openai.Completion(text_request, created=int(gw.clock()))
     try:

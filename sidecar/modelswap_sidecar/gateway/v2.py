@@ -30,7 +30,7 @@ from aiohttp import web
 
 from modelswap_sidecar.gateway import sse
 from modelswap_sidecar.gateway.bodies import read_body
-from modelswap_sidecar.gateway.context import GATEWAY, Gateway
+from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
     BadRequestError,
@@ -39,13 +39,8 @@ from modelswap_sidecar.gateway.errors import (
     ModelSwappedOutError,
     TritonNotReadyError,
 )
-from modelswap_sidecar.gateway.exchange import (
-    FLAVOUR,
-    STATE_HEADER,
-    Exchange,
-    route_for,
-    wants_progress,
-)
+from modelswap_sidecar.gateway.exchange import STATE_HEADER, Exchange, route_for, wants_progress
+from modelswap_sidecar.gateway.paths import Endpoint, PathTable
 from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json, rename_stats
 from modelswap_sidecar.gateway.upstream import forwarded_headers, model_path
 from modelswap_sidecar.triton.config import PARAMETER_PREFIX
@@ -53,41 +48,39 @@ from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 logger = logging.getLogger(__name__)
 
 INFER_HEADER_LENGTH = "Inference-Header-Content-Length"
-_MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
-def add_routes(app: web.Application) -> None:
-    router = app.router
-    # The router tries the routes under one path prefix in the order they were added:
-    # inference first, as it is most of the traffic.
-    for ns in ("", "/ns/{ns}"):
-        for model in _MODEL_PREFIXES:
-            base = ns + model
-            router.add_post(base + "/infer", _infer)
-            router.add_post(base + "/generate", _generate)
-            router.add_post(base + "/generate_stream", _generate_stream)
-            router.add_get(base, _metadata, allow_head=False)
-            router.add_get(base + "/ready", _model_ready, allow_head=False)
-            router.add_get(base + "/stats", _stats, allow_head=False)
-            if model == _MODEL_PREFIXES[0]:  # Triton has no per-version config route
-                router.add_get(base + "/config", _config, allow_head=False)
-    router.add_get("/v2/health/live", _live, allow_head=False)
-    router.add_get("/v2/health/ready", _server_ready, allow_head=False)
-    router.add_get("/v2", _server_metadata, allow_head=False)
+def _get(handler: Handler) -> Endpoint[Handler]:
+    return Endpoint("GET", handler, "v2")
 
 
-def _gateway(request: web.Request) -> Gateway:
-    request[FLAVOUR] = "v2"
-    return request.app[GATEWAY]
+def _post(handler: Handler) -> Endpoint[Handler]:
+    return Endpoint("POST", handler, "v2")
 
 
-async def _live(request: web.Request) -> web.Response:
-    del request
+def add_routes(paths: PathTable[Handler]) -> None:
+    for tail, endpoint in (
+        ("/infer", _post(_infer)),
+        ("/generate", _post(_generate)),
+        ("/generate_stream", _post(_generate_stream)),
+        ("", _get(_metadata)),
+        ("/ready", _get(_model_ready)),
+        ("/stats", _get(_stats)),
+    ):
+        paths.v2_model(tail, endpoint)
+    paths.v2_model("/config", _get(_config), versioned=False)  # Triton has none per version
+    paths.fixed("/v2/health/live", _get(_live))
+    paths.fixed("/v2/health/ready", _get(_server_ready))
+    paths.fixed("/v2", _get(_server_metadata))
+
+
+async def _live(call: Call) -> web.Response:
+    del call
     return web.json_response({"live": True})
 
 
-async def _server_ready(request: web.Request) -> web.Response:
-    gw = _gateway(request)
+async def _server_ready(call: Call) -> web.Response:
+    gw = call.gw
     if not gw.directory.knows_desired():
         raise ModelNotKnownYetError(
             "the node does not know its desired models yet", retry_after_seconds=1
@@ -100,34 +93,30 @@ async def _server_ready(request: web.Request) -> web.Response:
     )
 
 
-async def _server_metadata(request: web.Request) -> web.Response:
-    gw = _gateway(request)
+async def _server_metadata(call: Call) -> web.Response:
+    gw = call.gw
     async with await gw.upstream.open("GET", "/v2") as response:
         body = await gw.upstream.read(response)
         return web.Response(status=response.status, body=body, content_type="application/json")
 
 
-def _triton_path(request: web.Request, triton_name: str, tail: str = "") -> str:
-    return model_path(triton_name, request.match_info.get("version"), tail)
+async def _metadata(call: Call) -> web.Response:
+    return await _model_document(call, "", "metadata")
 
 
-async def _metadata(request: web.Request) -> web.Response:
-    return await _model_document(request, "", "metadata")
+async def _config(call: Call) -> web.Response:
+    return await _model_document(call, "/config", "configuration")
 
 
-async def _config(request: web.Request) -> web.Response:
-    return await _model_document(request, "/config", "configuration")
+async def _stats(call: Call) -> web.Response:
+    return await _model_document(call, "/stats", "statistics")
 
 
-async def _stats(request: web.Request) -> web.Response:
-    return await _model_document(request, "/stats", "statistics")
-
-
-async def _model_document(request: web.Request, tail: str, what: str) -> web.Response:
+async def _model_document(call: Call, tail: str, what: str) -> web.Response:
     """A GET about one model, from Triton, under the user's name; none of these wakes it."""
-    gw = _gateway(request)
-    route = route_for(gw, request, request.match_info["model"])
-    path = _triton_path(request, route.triton_name, tail)
+    gw = call.gw
+    route = route_for(call)
+    path = model_path(route.triton_name, call.version, tail)
     async with await gw.upstream.open("GET", path) as answer:
         body = await gw.upstream.read(answer)
         if answer.status >= 400 and not gw.directory.is_resident(route.uid):
@@ -159,20 +148,20 @@ def _without_agent_parameters(body: bytes) -> bytes:
     return json.dumps(config, separators=(",", ":")).encode()
 
 
-async def _model_ready(request: web.Request) -> web.Response:
-    gw = _gateway(request)
-    route = route_for(gw, request, request.match_info["model"])
+async def _model_ready(call: Call) -> web.Response:
+    gw = call.gw
+    route = route_for(call)
     state = gw.directory.swap_state(route.uid)
     if not gw.directory.is_resident(route.uid):
         return web.Response(status=200, headers={STATE_HEADER: state})
-    path = _triton_path(request, route.triton_name, "/ready")
+    path = model_path(route.triton_name, call.version, "/ready")
     async with await gw.upstream.open("GET", path) as answer:
         body = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
         headers = {STATE_HEADER: state}
         return web.Response(status=answer.status, body=body or None, headers=headers)
 
 
-async def _read_body(gw: Gateway, request: web.Request) -> bytes:
+async def _read_body(gw: Gateway, request: web.BaseRequest) -> bytes:
     settings = gw.settings
     return await read_body(
         request,
@@ -190,26 +179,23 @@ def _refuse_decoupled(route: ModelRoute, what: str) -> None:
         )
 
 
-async def _infer(request: web.Request) -> web.StreamResponse:
-    gw = _gateway(request)
-    route = route_for(gw, request, request.match_info["model"])
+async def _infer(call: Call) -> web.StreamResponse:
+    route = route_for(call)
     _refuse_decoupled(route, "infer")
-    return await _whole(gw, request, route, "/infer")
+    return await _whole(call, route, "/infer")
 
 
-async def _generate(request: web.Request) -> web.StreamResponse:
-    gw = _gateway(request)
-    route = route_for(gw, request, request.match_info["model"])
+async def _generate(call: Call) -> web.StreamResponse:
+    route = route_for(call)
     _refuse_decoupled(route, "generate")
-    return await _whole(gw, request, route, "/generate")
+    return await _whole(call, route, "/generate")
 
 
-async def _whole(
-    gw: Gateway, request: web.Request, route: ModelRoute, tail: str
-) -> web.StreamResponse:
+async def _whole(call: Call, route: ModelRoute, tail: str) -> web.StreamResponse:
     """A request with one answer: forwarded as is, its answer renamed."""
+    gw, request = call.gw, call.request
     body = await _read_body(gw, request)
-    exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=False))
+    exchange = Exchange(call, route, progress=wants_progress(request, streaming=False))
     try:
         headers = forwarded_headers(request.headers)
         async with await exchange.forward("POST", tail, body=body, headers=headers) as answer:
@@ -227,12 +213,12 @@ async def _whole(
         return await exchange.fail(e)
 
 
-async def _generate_stream(request: web.Request) -> web.StreamResponse:
+async def _generate_stream(call: Call) -> web.StreamResponse:
     """Triton's event stream passed through event by event, renamed."""
-    gw = _gateway(request)
-    route = route_for(gw, request, request.match_info["model"])
+    gw, request = call.gw, call.request
+    route = route_for(call)
     body = await _read_body(gw, request)
-    exchange = Exchange(gw, request, route, progress=wants_progress(request, streaming=True))
+    exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
     try:
         headers = forwarded_headers(request.headers)
         async with await exchange.forward(
