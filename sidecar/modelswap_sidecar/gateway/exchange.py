@@ -162,17 +162,19 @@ class Exchange:
             response.release()
         raise AssertionError("unreachable")
 
-    def timing_headers(self) -> dict[str, str]:
-        received = {RECEIVED_AT_HEADER: f"{self.received_at_seconds:.6f}"}
-        if not self.waited_seconds:
-            return received
-        return {**received, QUEUE_WAIT_HEADER: f"{self.waited_seconds:.3f}"}
+    def timing_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """`headers` with the receipt time and any queue wait added."""
+        headers[RECEIVED_AT_HEADER] = f"{self.received_at_seconds:.6f}"
+        if self.waited_seconds:
+            headers[QUEUE_WAIT_HEADER] = f"{self.waited_seconds:.3f}"
+        return headers
 
     async def stream(self) -> web.StreamResponse:
         """The event stream to the client, opened (200) if it was not already."""
         if self._stream is None:
-            stream = web.StreamResponse(status=200, headers=sse.STREAM_HEADERS)
-            stream.headers.update(self.timing_headers())
+            stream = web.StreamResponse(
+                status=200, headers=self.timing_headers(dict(sse.STREAM_HEADERS))
+            )
             await stream.prepare(self.request)
             self._stream = stream
         return self._stream
@@ -187,10 +189,12 @@ class Exchange:
         """A whole answer: as itself, or as one event when a progress stream is open."""
         self.call.code = status
         if self._stream is None:
-            response = web.Response(status=status, body=body, headers=headers)
-            response.content_type = content_type
-            response.headers.update(self.timing_headers())
-            return response
+            # one dict, with the content type in it: the Response's content_type setter
+            # parses the header it writes
+            out = {"Content-Type": content_type}
+            if headers:
+                out.update(headers)
+            return web.Response(status=status, body=body, headers=self.timing_headers(out))
         if "json" not in content_type:
             message = "a binary answer cannot travel in a progress stream; ask without progress"
             return await self.fail(GatewayError(message))

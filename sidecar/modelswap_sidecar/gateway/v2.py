@@ -203,7 +203,7 @@ async def _whole(call: Call, route: ModelRoute, tail: str) -> web.StreamResponse
             length_text = answer.header(INFER_HEADER_LENGTH)
             length = int(length_text) if length_text and length_text.isdigit() else None
             renamed, new_length = rename_infer_response(raw, length, route.triton_name, route.name)
-            out_headers = {} if new_length is None else {INFER_HEADER_LENGTH: str(new_length)}
+            out_headers = None if new_length is None else {INFER_HEADER_LENGTH: str(new_length)}
             content_type = answer.header("Content-Type") or "application/json"
             exchange.record()
             return await exchange.answer(
