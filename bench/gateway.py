@@ -231,13 +231,13 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
         )
         rows.append(trow)
         print(f"100 concurrent: gateway/direct {ratio:.2f}", flush=True)
-        # where a request's time goes in the gateway: the same open loop through a
-        # profiled copy of the gateway (its figures are not reported: profilers slow it)
+        # the gateway's CPU per request and where it goes: the same open loop through a
+        # copy of the gateway, unprofiled and then profiled (its latencies are not reported)
         profile = await _profile_gateway(session, node, rate / 2, args.profile_seconds)
     # 4. request-triggered swap-in (sequential: one request at a time)
     rows.append(await asyncio.to_thread(_swap_overhead, node, args.swap_reps))
     return rows, [
-        f"Profile of the gateway alone (bench/gateway_profiled.py) at the same rate: {profile}"
+        f"The gateway alone (bench/gateway_profiled.py) at half the open loop's rate: {profile}"
     ]
 
 
@@ -256,7 +256,10 @@ async def _profile_gateway(
             url = (await proc.stdout.readline()).decode().strip()
             if not url.startswith("http"):
                 raise RuntimeError("the profiled gateway did not start")
-            await open_loop(session, {"gw": f"{url}/v2/models/{TINY.name}/infer"}, rate, seconds, 7)
+            urls = {"gw": f"{url}/v2/models/{TINY.name}/infer"}
+            await open_loop(session, urls, rate, seconds, 7)  # its CPU time, unprofiled
+            proc.send_signal(signal.SIGUSR1)
+            await open_loop(session, urls, rate, seconds, 8)  # profiled
             proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc.wait(), 60)
             text = out.read_text()
