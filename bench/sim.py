@@ -127,6 +127,7 @@ def reference() -> int:
     judged = verdict(outcomes)
     floor = study.reference_summary
     slots = compute_floor(study, scenario, judged["modelswap_policy"])
+    over = over_budget(study, scenario, judged["modelswap_policy"])
     notes = [
         f"Scenario {SCENARIO.relative_to(ROOT)}: {len(scenario.models)} models, "
         f"{requests:,} requests over {study.trace.duration_seconds / 3600:.0f} h (seed "
@@ -150,6 +151,19 @@ def reference() -> int:
             if slots is not None
             else f"no compute floor: the models cannot be placed on {TARGET_MAX_GPUS} GPUs"
         ),
+        (
+            "Working set: share of requests arriving while the models of their GPU with a "
+            "request waiting or in flight (the dedicated run's timing, their own model "
+            "included) need more HBM than that GPU has for models, on the same placement: "
+            + ", ".join(f"{share:.2%} at {gpus} GPUs" for gpus, share, _ in over)
+            + ". At such a moment some request on that GPU waits for another model's "
+            "requests to end, whatever the policy (none stops a request mid-way). With "
+            "all GPUs pooled into one (what no placement beats): "
+            + ", ".join(f"{pooled:.2%} at {gpus}" for gpus, _, pooled in over)
+            + "."
+            if over
+            else "no working-set figure: no modelswap policy"
+        ),
         f"Simulator speed: {speed:,.0f} simulated requests/s over {len(runs)} runs "
         f"({simulated:,} requests in {wall:.0f} s; trace generation {generate_seconds:.1f} s).",
     ]
@@ -169,6 +183,10 @@ def reference() -> int:
             "policy": slots.policy,
             "p99_added_seconds": _finite(slots.p99_added_seconds),
         }
+    if over:
+        doc["over_budget_arrivals"] = [
+            {"gpus": g, "share": share, "pooled_share": pooled} for g, share, pooled in over
+        ]
     if plotted:
         doc["plot"] = str(PLOT.relative_to(ROOT / "docs"))
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -190,6 +208,25 @@ def compute_floor(study: Study, scenario: Scenario, policy: str | None) -> repor
     if result is None:
         return None
     return report.summarize(result, scenario.target_p99_seconds, study.reference())
+
+
+def over_budget(
+    study: Study, scenario: Scenario, policy: str | None
+) -> list[tuple[int, float, float]]:
+    """(GPUs, share of over-budget arrivals on the simulator's placement, the same with
+    all GPUs pooled: Study.over_budget_arrivals) at the target's GPU count and the two
+    above it."""
+    specs = [p for p in scenario.policies if p.kind == "modelswap"]
+    spec = next((p for p in specs if p.name == policy), specs[0] if specs else None)
+    if spec is None:
+        return []
+    out = []
+    for gpus in range(TARGET_MAX_GPUS, TARGET_MAX_GPUS + 3):
+        share = study.over_budget_arrivals(spec, gpus)
+        pooled = study.over_budget_arrivals(spec, gpus, pooled=True)
+        if share is not None and pooled is not None:
+            out.append((gpus, share, pooled))
+    return out
 
 
 def _grid_cell(cell: tuple[float, float, float]) -> dict[str, Any]:

@@ -130,6 +130,27 @@ def test_the_compute_floor_keeps_every_model_resident_on_the_same_placement(
     }
 
 
+def test_over_budget_arrivals_count_requests_whose_gpus_busy_models_do_not_fit(
+    tmp_path: Path,
+) -> None:
+    # on one GPU (budget 30G - 1G - 5 x 500M = 26.5G) small-00 arrives while big-00 and
+    # big-01 serve: 12G + 12G + 4G busy; on two GPUs the bigs are apart
+    scenario = load(scenario_file(tmp_path))
+    requests = Trace(
+        arrival_seconds=[0.0, 0.5, 1.0],
+        model_index=[3, 4, 0],  # big-00 (0-2 s), big-01 (0.5-2.5 s), small-00
+        input_tokens=[0, 0, 0],
+        output_tokens=[100, 100, 100],
+        duration_seconds=60.0,
+    )
+    study = Study(scenario, requests)
+    (spec,) = (p for p in scenario.policies if p.name == "modelswap-default")
+    assert study.over_budget_arrivals(spec, 1) == pytest.approx(1 / 3)
+    assert study.over_budget_arrivals(spec, 2) == 0.0
+    # pooled, two GPUs hold 2 x 27.5G - 2.5G: the three busy models fit
+    assert study.over_budget_arrivals(spec, 2, pooled=True) == 0.0
+
+
 def test_a_bad_trace_row_exits_2_naming_line_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,7 @@ from modelswap_sidecar.simulate.policies import (
 from modelswap_sidecar.simulate.report import RunSummary, dense_waits, summarize
 from modelswap_sidecar.simulate.scenario import PolicySpec, Scenario, policy_settings
 from modelswap_sidecar.simulate.traces import Trace
+from modelswap_sidecar.simulate.workingset import over_budget_arrivals
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +127,38 @@ class Study:
             self.trace, models, self.effective(spec), build_policy(spec, roomy),
             assignment=assignment, gpus=gpus, warm_order=self.warm_order,
         )  # fmt: skip
+
+    def over_budget_arrivals(
+        self, spec: PolicySpec, gpus: int, *, pooled: bool = False
+    ) -> float | None:
+        """The share of requests that arrive while the busy models of their GPU (in the
+        dedicated run's timing, their own model included) need more HBM than the GPU has
+        for models (`workingset`): on this placement, no policy that lets requests finish
+        serves those without some request waiting for another model's to end. `pooled`:
+        all GPUs taken as one, their budgets added (what no placement can beat). None
+        when the models cannot be placed on that many GPUs."""
+        policy = build_policy(spec, self.scenario)
+        assignment = self._placement(spec, policy, gpus)
+        if assignment is None:
+            return None
+        models = self.scenario.models
+        hosted = [0] * gpus
+        for g in assignment:
+            hosted[g] += 1
+        budgets = [policy.budget_bytes(n) for n in hosted]
+        overhead = policy.loaded_overhead_bytes()
+        trace = self.trace
+        tokens = zip(trace.model_index, trace.input_tokens, trace.output_tokens, strict=True)
+        service = [models[m].service_seconds(i, o) for m, i, o in tokens]
+        over = over_budget_arrivals(
+            trace,
+            service_seconds=service,
+            waits_seconds=self.reference(),
+            model_bytes=[m.hbm_bytes + overhead for m in models],
+            assignment=[0] * len(models) if pooled else assignment,
+            budget_bytes=budgets if not pooled else [sum(budgets)],
+        )
+        return over / len(trace) if len(trace) else 0.0
 
     def _placement(self, spec: PolicySpec, policy: SimPolicy, gpus: int) -> list[int] | None:
         models = self.scenario.models
