@@ -53,7 +53,7 @@ def test_seeded_faults_fail_requests_leave_the_store_and_are_logged() -> None:
 
 
 def _list_all(api: EmulatorThread) -> list[dict[str, object]]:
-    """List until a read goes through (reads are failed at the same rates)."""
+    """List until a read goes through (reads are failed at the same rates, but for 409s)."""
     headers = {"Authorization": f"Bearer {api.token}"}
     for _ in range(50):
         r = httpx.get(api.url + CONFIGMAPS, headers=headers, trust_env=False)
@@ -61,6 +61,15 @@ def _list_all(api: EmulatorThread) -> list[dict[str, object]]:
             items: list[dict[str, object]] = r.json()["items"]
             return items
     raise AssertionError("no list answered 200 in 50 tries")
+
+
+def test_a_conflict_is_a_writes_fault_never_a_reads() -> None:
+    with EmulatorThread(faults=FaultRates(conflict=1.0)) as api:
+        headers = {"Authorization": f"Bearer {api.token}"}
+        listed = httpx.get(api.url + CONFIGMAPS, headers=headers, trust_env=False)
+        assert listed.status_code == 200
+        (created,) = create_all(api, 1)
+        assert created.status_code == 409
 
 
 def test_a_timed_out_request_is_held_then_answered_504() -> None:

@@ -2,11 +2,14 @@
 holds them and answers 504 as the real server does when a request outlives its timeout.
 
 `KubeEmulator(faults=FaultRates(conflict=0.05, throttle=0.05, internal=0.05, timeout=0.02,
-seed=7))`, or `emulator.inject(rates)` / `inject(None)` while it serves. Each resource request (not discovery, `/version`, `/healthz` or `/emulator/…`)
-draws once from a `random.Random(seed)`: the rates are probabilities that add up to at most 1,
-so one seed gives one sequence of faults for one sequence of requests. Watches are failed
-only by status (never held): a held watch is indistinguishable from a quiet one. A failed
-request changes nothing in the store, and its record in the request log carries `fault`.
+seed=7))`, or `emulator.inject(rates)` / `inject(None)` while it serves. Each resource
+request (not discovery, `/version`, `/healthz` or `/emulator/…`) draws once from a
+`random.Random(seed)`: the rates are probabilities that add up to at most 1, so one seed
+gives one sequence of faults for one sequence of requests. A conflict drawn by a read
+(get, list, watch) is no fault: the real server answers 409 only to writes (a stale
+resourceVersion, a name taken). Watches are failed only by status (never held): a held
+watch is indistinguishable from a quiet one. A failed request changes nothing in the
+store, and its record in the request log carries `fault`.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ class FaultInjector:
         self._random = random.Random(rates.seed)
         self.injected: dict[int, int] = {}
 
-    def draw(self, *, resource_request: bool, watch: bool, path: str = "") -> Fault | None:
+    def draw(
+        self, *, resource_request: bool, watch: bool, write: bool = True, path: str = ""
+    ) -> Fault | None:
         if not resource_request:
             return None
         if self.rates.paths and not any(p in path for p in self.rates.paths):
@@ -80,7 +85,7 @@ class FaultInjector:
                            (504, rates.timeout)):  # fmt: skip
             cut += rate
             if r < cut:
-                if code == 504 and watch:
+                if (code == 504 and watch) or (code == 409 and not write):
                     return None  # see the module docstring
                 self.injected[code] = self.injected.get(code, 0) + 1
                 hold = rates.timeout_seconds if code == 504 else 0.0

@@ -160,6 +160,7 @@ class KubeEmulator:
             fault = self.faults.draw(
                 resource_request=attrs.resource_request,
                 watch=attrs.verb == "watch",
+                write=attrs.verb not in ("get", "list", "watch"),
                 path=request.path,
             )
             if fault is not None:
