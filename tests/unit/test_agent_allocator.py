@@ -14,6 +14,7 @@ from modelswap_sidecar.agent.settings import AgentSettings, settings_from_docume
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.local.rundir import RunDir
 from modelswap_sidecar.local.settings import LocalSettings, agent_document
+from tests.support.agent_documents import settings_document
 from tests.support.fake_cuda.api import install
 from tests.support.fake_cuda.world import MIB, FakeCuda
 
@@ -21,17 +22,7 @@ SIM_GPU = {"uuid": "sim-gpu-0", "capacityBytes": "64Mi"}
 
 
 def document(**extra: Any) -> dict[str, Any]:
-    return {
-        "nodeName": "node-a",
-        "gpus": [SIM_GPU],
-        "hostStore": {"dir": "/tmp/store"},
-        "socketDir": "/tmp/sock",
-        "stateDir": "/tmp/state",
-        "sourceCache": {"dir": "/tmp/cache"},
-        "control": {"tokenFile": "/tmp/token"},
-        "triton": {"url": "127.0.0.1:8000", "repository": "/tmp/repo"},
-        **extra,
-    }
+    return settings_document(gpu_capacity="64Mi", **extra)
 
 
 @pytest.mark.parametrize("allocator", ["sim", "cuda-vmm", "auto"])

@@ -9,20 +9,7 @@ import pytest
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.settings import settings_from_document
 from modelswap_sidecar.gpu.sim_link import round_gbps
-
-
-def document(**extra: Any) -> dict[str, Any]:
-    return {
-        "nodeName": "node-a",
-        "gpus": [{"uuid": "sim-gpu-0", "capacityBytes": "128Mi"}],
-        "hostStore": {"dir": "/tmp/store"},
-        "socketDir": "/tmp/sock",
-        "stateDir": "/tmp/state",
-        "sourceCache": {"dir": "/tmp/cache"},
-        "control": {"tokenFile": "/tmp/token"},
-        "triton": {"url": "127.0.0.1:8000", "repository": "/tmp/repo"},
-        **extra,
-    }
+from tests.support.agent_documents import settings_document as document
 
 
 def test_no_kube_section_means_no_heartbeat() -> None:

@@ -21,20 +21,11 @@ from modelswap_sidecar.local.command import settings_from_args
 from modelswap_sidecar.local.errors import LocalModeError
 from modelswap_sidecar.local.rundir import RunDir
 from modelswap_sidecar.local.settings import LocalSettings, agent_document
+from tests.support.agent_documents import settings_document
 
 
 def document(gpus: list[dict[str, Any]], allocator: str = "sim") -> dict[str, Any]:
-    return {
-        "nodeName": "node-a",
-        "allocator": allocator,
-        "gpus": gpus,
-        "hostStore": {"dir": "/tmp/store"},
-        "socketDir": "/tmp/sock",
-        "stateDir": "/tmp/state",
-        "sourceCache": {"dir": "/tmp/cache"},
-        "control": {"tokenFile": "/tmp/token"},
-        "triton": {"url": "127.0.0.1:8000", "repository": "/tmp/repo"},
-    }
+    return settings_document(gpus=gpus, allocator=allocator)
 
 
 def sim_settings(*paces: float | None) -> AgentSettings:

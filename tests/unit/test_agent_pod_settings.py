@@ -14,19 +14,15 @@ import yaml
 from modelswap_sidecar.agent import command
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.settings import load_settings, settings_from_document
+from tests.support.agent_documents import settings_document
 
 
 def document(**extra: Any) -> dict[str, Any]:
-    return {
-        "gpus": [{"uuid": "sim-gpu-0", "capacityBytes": "128Mi"}],
-        "hostStore": {"dir": "/tmp/store"},
-        "socketDir": "/tmp/sock",
-        "stateDir": "/tmp/state",
-        "sourceCache": {"dir": "/tmp/cache"},
-        "control": {"tokenFile": "/tmp/token"},
-        "triton": {"url": "127.0.0.1:8000", "repository": "/tmp/repo"},
-        **extra,
-    }
+    """Without `nodeName` unless given: the pod's NODE_NAME stands for it."""
+    doc = settings_document(**extra)
+    if "nodeName" not in extra:
+        del doc["nodeName"]
+    return doc
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -24,6 +24,7 @@ from modelswap_sidecar.agent.errors import SettingsError, StartupError
 from modelswap_sidecar.agent.ports.control_tls import control_certificate
 from modelswap_sidecar.agent.settings import settings_from_document
 from modelswap_sidecar.control.certificate import ServingCertificate, self_signed
+from tests.support.agent_documents import settings_document
 
 HOSTS = ["127.0.0.1", "node-a"]
 
@@ -174,17 +175,8 @@ def test_the_generated_certificate_is_p256_names_every_host_and_lasts_a_year(
 
 
 def settings_doc(tmp_path: Path, **more: Any) -> dict[str, Any]:
-    return {
-        "nodeName": "node-a",
-        "gpus": [{"uuid": "sim-gpu-0", "capacityBytes": "128Mi"}],
-        "hostStore": {"dir": str(tmp_path / "store")},
-        "socketDir": str(tmp_path / "sock"),
-        "stateDir": str(tmp_path / "state"),
-        "sourceCache": {"dir": str(tmp_path / "cache")},
-        "control": {"host": "0.0.0.0", "tokenFile": str(tmp_path / "token")},
-        "triton": {"url": "127.0.0.1:8000", "repository": str(tmp_path / "repo")},
-        **more,
-    }
+    control = {"host": "0.0.0.0", "tokenFile": str(tmp_path / "token")}
+    return settings_document(tmp_path, control=control, **more)
 
 
 KUBE = {"kubeconfig": "/nonexistent/kubeconfig", "advertiseHost": "10.0.3.7"}

@@ -36,7 +36,7 @@ from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.agent.ports.control_tls import control_certificate
 from modelswap_sidecar.agent.ports.kube_access import api_client
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings import AgentSettings, PolicyLoopSettings
 from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
@@ -192,13 +192,7 @@ async def build(
         registry, lambda: reports.node_sample(engine, list(records.values()), inventory.uuids)
     )
     register_link_metrics(registry, inventory.uuids, links)
-    policy = Policy(
-        PolicySettings(
-            high_watermark_fraction=settings.policy.high_watermark_fraction,
-            low_watermark_fraction=settings.policy.low_watermark_fraction,
-        ),
-        time.monotonic,
-    )
+    policy = Policy(policy_settings(settings.policy), time.monotonic)
     actuator = Actuator(
         engine=engine,
         loader=loader,
@@ -262,4 +256,13 @@ async def build(
         watch=RuntimeWatch(
             actuator, driver, pid_source, interval_seconds=interval, metrics=metrics
         ),
+    )
+
+
+def policy_settings(loop: PolicyLoopSettings) -> PolicySettings:
+    """The policy's settings from the agent's `policy` section."""
+    return PolicySettings(
+        high_watermark_fraction=loop.high_watermark_fraction,
+        low_watermark_fraction=loop.low_watermark_fraction,
+        busy_victim_wait_seconds=loop.busy_victim_wait_seconds,
     )

@@ -139,6 +139,10 @@ class PolicyLoopSettings:
     #: once when its entry changes.
     retry_failed_seconds: float = 60.0
     drain_timeout_seconds: float = 60.0
+    #: A swap-in that only busy models could make room for waits this long (from its
+    #: first ask) for one of them to become idle before it drains one (`WaitingForIdle`,
+    #: docs/POLICY.md); past the actuator's 30 s admission deadline it drains one anyway.
+    busy_victim_wait_seconds: float = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,6 +308,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
             low_watermark_fraction=float(_get(policy, "lowWatermarkFraction", 0.85)),
             retry_failed_seconds=float(_get(policy, "retryFailedSeconds", 60.0)),
             drain_timeout_seconds=float(_get(policy, "drainTimeoutSeconds", 60.0)),
+            busy_victim_wait_seconds=_seconds_at_least_0(policy, "busyVictimWaitSeconds", 10.0),
         ),
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
@@ -418,6 +423,17 @@ def _cuda(doc: Any) -> CudaSettings:
         link_probe_bytes=probe_bytes,
         link_probe_timeout_seconds=_positive(doc, "linkProbeTimeoutSeconds", "cuda.") or 60.0,
     )
+
+
+def _seconds_at_least_0(policy: Mapping[str, Any], key: str, default: float) -> float:
+    value = _get(policy, key, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"policy.{key}: not a number: {value!r}") from e
+    if not seconds >= 0:  # NaN too
+        raise SettingsError(f"policy.{key}: must be 0 or more, not {value!r}")
+    return seconds
 
 
 def _positive(doc: Mapping[str, Any], key: str, where: str) -> float | None:
