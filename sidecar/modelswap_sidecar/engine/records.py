@@ -8,6 +8,7 @@ committed and which instances were mapped; live chunks and sockets are never per
 from __future__ import annotations
 
 import threading
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +146,8 @@ def _stored_doc(f: StoredFile | None) -> dict[str, Any] | None:
     return {"gpu": f.gpu, "relpath": f.relpath, "size_bytes": f.size_bytes}
 
 
-def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
+def to_doc(models: dict[str, ModelRecord], mapping: Set[int] = frozenset()) -> dict[str, Any]:
+    """The state file's document; instances whose `id` is in `mapping` are written mapped."""
     out: dict[str, Any] = {}
     for name, m in models.items():
         out[name] = {
@@ -162,7 +164,7 @@ def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
             "swap_outs": m.swap_outs,
             "instances": {
                 iname: {
-                    "mapped": i.mapped,
+                    "mapped": i.mapped or id(i) in mapping,
                     "committed": i.committed,
                     "kv_host_file": _stored_doc(i.kv_host_file),
                     "regions": [
