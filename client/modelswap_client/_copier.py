@@ -119,7 +119,9 @@ class Copier:
 
         Access is set per mapping (chunk) and that chunk's copies are queued at once, so
         the copy streams move chunk i while this thread grants access to chunk i+1 (for
-        the sim mapper, granting access populates the page tables: the two overlap).
+        the sim mapper, granting access populates the page tables: the two overlap). The
+        last piece, with nothing left to grant behind it, this thread copies itself
+        (`copy_to_device_now`): no hand-off to a stream and back.
         """
         mapper = self._mapper
         buffers = []
@@ -129,6 +131,8 @@ class Copier:
         queued = 0
         copied_bytes = 0
         started = time.perf_counter()
+        copied_tags = [rd["tag"] for rd in message.body["regions"] if not rd.get("fresh")]
+        last_tag = copied_tags[-1] if copied_tags else None
         try:
             for rd in message.body["regions"]:
                 r = self._regions[rd["tag"]]
@@ -142,16 +146,18 @@ class Copier:
                     fd = message.fds[int(rd["fd"])]
                     host = mapper.map_host(fd, int(rd["bytes"]), writable=False)
                     buffers.append(host)
-                for offset, size, _ in sorted(r.handles, key=lambda h: h[0]):
+                handles = sorted(r.handles, key=lambda h: h[0])
+                for k, (offset, size, _) in enumerate(handles):
                     mapper.set_access(r.address + offset, size, writable=True)
                     if host is None:
                         continue
-                    for off, n in self._pieces(offset, size):
-                        events.append(
-                            mapper.copy_to_device(
-                                r.address + off, host.address + off, n, queued % streams
-                            )
-                        )
+                    pieces = list(self._pieces(offset, size))
+                    for j, (off, n) in enumerate(pieces):
+                        dst, src, stream = r.address + off, host.address + off, queued % streams
+                        if r.tag == last_tag and k == len(handles) - 1 and j == len(pieces) - 1:
+                            mapper.copy_to_device_now(dst, src, n, stream)
+                        else:
+                            events.append(mapper.copy_to_device(dst, src, n, stream))
                         queued += 1
                         copied_bytes += n
                 if host is not None:
