@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -110,6 +111,10 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
                 "socket": str(settings.socket_path),
             },
         )
+        # What startup built (modules, settings, servers) lives as long as the process; out
+        # of the collector's sight, a full collection no longer walks it (one under the
+        # gateway bench's load took 92 ms, every request of that moment waiting behind it).
+        gc.freeze()
         log.info(
             "agent for node %s ready: control port %d, %s allocator, %d GPU(s)",
             settings.node_name,
