@@ -4,7 +4,6 @@ No processes, no sockets, no threads."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from modelswap_api.wire import (
     reply_to,
 )
 from modelswap_sidecar.allocators.sim import SimAllocator
-from modelswap_sidecar.engine.errors import ClientFailed, ModelFailed, NoCapacity, UnknownModel
+from modelswap_sidecar.engine.errors import ClientFailed, NoCapacity, UnknownModel
 from modelswap_sidecar.engine.events import MAKE_ROOM, SwapEvent, SwapEvents, SwapKind
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.ledger import GpuLedger
@@ -174,55 +173,6 @@ def test_a_map_the_client_refuses_rolls_back_to_swapped_out(parts: Parts) -> Non
     assert m.state is S.SWAPPED_OUT and used(parts) == 0
     assert not m.instances["0"].mapped and m.instances["0"].regions["w"].chunks == []
     assert [e.kind for e in parts.events] == [SwapKind.OUT]  # no swap-in announced
-    # the state file, written with the instance marked mapped while it mapped, says so too
-    assert mapped_in_state_file(parts, "a") == {"0": False}
-    assert parts.store.read_state()["models"]["a"]["state"] == "SwappedOut"  # type: ignore[index]
-
-
-def mapped_in_state_file(p: Parts, name: str) -> dict[str, bool]:
-    doc = p.store.read_state()
-    assert doc is not None
-    return {n: bool(i["mapped"]) for n, i in doc["models"][name]["instances"].items()}
-
-
-def test_the_state_file_names_the_instances_mapped_before_any_restore_is_sent(
-    parts: Parts,
-) -> None:
-    """A swap-in writes the state file once, while its clients map: a crash from the map on
-    finds them marked mapped, so a restarted agent waits for them to readopt. At
-    swap_in.allocated nothing is sent or written yet; at swap_in.mapped nothing is restored."""
-    m = resident(parts, "a", instances=2, region_bytes=4 * MIB)
-    parts.swapper.swap_out_locked(m)
-    seen: dict[str, tuple[dict[str, bool], list[Op]]] = {}
-
-    def checkpoint(name: str) -> None:
-        seen[name] = (mapped_in_state_file(parts, "a"), list(parts.transport.ops["1"]))
-
-    parts.swapper.checkpoint = checkpoint
-    parts.swapper.swap_in_locked(m)
-    out = [Op.QUIESCE, Op.UNMAP]
-    assert seen["swap_in.allocated"] == ({"0": False, "1": False}, out)
-    assert seen["swap_in.mapped"] == ({"0": True, "1": True}, [*out, Op.MAP])
-    assert m.state is S.RESIDENT and mapped_in_state_file(parts, "a") == {"0": True, "1": True}
-
-
-def test_a_host_copy_gone_at_a_swap_in_unmaps_what_was_mapped_and_fails_the_model(
-    parts: Parts,
-) -> None:
-    """The copy is opened while the clients map: its loss still waits for every map reply,
-    unmaps them, sends no restore, and leaves no fd open."""
-    m = resident(parts, "a", instances=2, region_bytes=4 * MIB)
-    parts.swapper.swap_out_locked(m)
-    lost = m.instances["1"].regions["w"].weights_file
-    assert lost is not None
-    (parts.store.root / lost.relpath).unlink()
-    fds_before = set(os.listdir("/proc/self/fd"))
-    with pytest.raises(ModelFailed, match="is gone"):
-        parts.swapper.swap_in_locked(m)
-    assert set(os.listdir("/proc/self/fd")) == fds_before
-    assert m.state is S.FAILED and used(parts) == 0
-    for name in ("0", "1"):  # the rollback's unmap, then the failure's
-        assert parts.transport.ops[name][-3:] == [Op.MAP, Op.UNMAP, Op.UNMAP]
 
 
 def test_a_restore_one_instance_refuses_unmaps_both_and_rolls_back(parts: Parts) -> None:

@@ -8,7 +8,6 @@ committed and which instances were mapped; live chunks and sockets are never per
 from __future__ import annotations
 
 import threading
-from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,8 +145,7 @@ def _stored_doc(f: StoredFile | None) -> dict[str, Any] | None:
     return {"gpu": f.gpu, "relpath": f.relpath, "size_bytes": f.size_bytes}
 
 
-def to_doc(models: dict[str, ModelRecord], mapping: Set[int] = frozenset()) -> dict[str, Any]:
-    """The state file's document; instances whose `id` is in `mapping` are written mapped."""
+def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, m in models.items():
         out[name] = {
@@ -164,7 +162,7 @@ def to_doc(models: dict[str, ModelRecord], mapping: Set[int] = frozenset()) -> d
             "swap_outs": m.swap_outs,
             "instances": {
                 iname: {
-                    "mapped": i.mapped or id(i) in mapping,
+                    "mapped": i.mapped,
                     "committed": i.committed,
                     "kv_host_file": _stored_doc(i.kv_host_file),
                     "regions": [

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from modelswap_api.wire import KvMode, Op, RegionKind, RemoteError, SwapOutMode
@@ -56,22 +55,6 @@ def awaiting_reload(m: ModelRecord) -> bool:
     and committed then. Nothing is committed yet, so a swap-out drops it and loses nothing."""
     live = m.live_instances()
     return m.state is S.LOADING and bool(live) and all(i.mapped for i in live)
-
-
-@dataclass(slots=True)
-class RestoreRequest:
-    """The `restore` each instance is sent: its body and the read-only host-store fds it
-    names, by instance name; the fds are the engine's until `close`."""
-
-    bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
-    fds: dict[str, list[int]] = field(default_factory=dict)
-
-    def close(self) -> None:
-        """Close every fd (sent or not); a second call closes nothing."""
-        for lst in self.fds.values():
-            for fd in lst:
-                close_fd(fd)
-            lst.clear()
 
 
 class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
@@ -284,9 +267,8 @@ class Swapper:
             raise WrongState(f"model {m.name} has no connected instance to swap into")
         started = time.perf_counter()
         m.epoch += 1
-        # not persisted: until the map is sent the state file keeps SWAPPED_OUT, which is
-        # what a restarted agent finds anyway (clients roll a half-done swap-in back, then
-        # readopt)
+        # not persisted: until the restore the state file keeps SWAPPED_OUT, which is what a
+        # restarted agent finds anyway (clients roll a half-done swap-in back, then readopt)
         self.table.set_state(m, S.ALLOCATING, "swap-in requested", persist=False)
         try:
             replies = self.bring_in(m, live, track_states=True, victims=victims)
@@ -300,9 +282,9 @@ class Swapper:
         m.last_swap_in_seconds = time.perf_counter() - started
         m.last_swap_in_copy = CopyReport.from_replies(list(replies.values()))
         m.last_used = time.monotonic()
-        # not persisted: the state file was written while the clients mapped, with the
-        # instances mapped, which is all a restarted agent needs (it resolves RESIDENT from
-        # readopt); the next write records RESIDENT and the swap-in count
+        # not persisted: the state file was written during the restore with the instances
+        # mapped, which is all a restarted agent needs (it resolves RESIDENT from readopt);
+        # the next write records RESIDENT and the swap-in count
         self.table.set_state(m, S.RESIDENT, "swapped in", persist=False)
         self.events.emit(SwapEvent(model=m.name, kind=SwapKind.IN, seconds=m.last_swap_in_seconds))
 
@@ -389,7 +371,6 @@ class Swapper:
         self.make_room(m, need, victims)
         made: dict[int, list[Chunk]] = {}
         mapped: list[InstanceRecord] = []
-        restore: RestoreRequest | None = None
         try:
             bodies: dict[str, dict[str, Any]] = {}
             fds: dict[str, list[int]] = {}
@@ -409,38 +390,24 @@ class Swapper:
                 bodies[inst.name] = {"regions": regions_doc}
             self.checkpoint("swap_in.allocated" if track_states else "attach.allocated")
             try:
-                batch = send(self.transport, m.epoch, instances, Op.MAP, bodies=bodies, fds=fds)
+                ok, failed = self._broadcast(m, instances, Op.MAP, bodies=bodies, fds=fds)
             finally:
                 for lst in fds.values():
                     for fd in lst:
                         close_fd(fd)
-            try:
-                # while the clients map: open what the restore sends and (swap-in) write the
-                # state file, so the restore goes out as soon as the last map reply is in
-                restore = self._restore_request(m, instances)
-                if track_states:
-                    # crash-safe before the clients map: a restarted agent that finds them
-                    # marked mapped waits for them to readopt and settles the model from
-                    # what they hold (a client rolls an unrestored map back first and comes
-                    # back swapped out)
-                    self.table.persist(mapping=instances)
-            finally:  # every map reply is waited for, so a rollback knows what to unmap
-                replies = batch.wait(self.settings.client_timeout_seconds)
-                for inst in replies.succeeded:
-                    for r in inst.regions.values():
-                        r.chunks = made.pop(id(r))
-                    inst.mapped = True
-                    mapped.append(inst)
-            if replies.failed:
-                raise ClientFailed(replies.why())
+            for inst in ok:
+                for r in inst.regions.values():
+                    r.chunks = made.pop(id(r))
+                inst.mapped = True
+                mapped.append(inst)
+            if failed:
+                raise ClientFailed("; ".join(why for _, why in failed))
             self.checkpoint("swap_in.mapped" if track_states else "attach.mapped")
             if track_states:  # mid-swap-in states, not persisted either
                 self.table.set_state(m, S.MAPPED, persist=False)
                 self.table.set_state(m, S.RESTORING, persist=False)
-            results = self._restore(m, instances, restore)
+            results = self._restore(m, instances, persist_while_copying=track_states)
         except BaseException:
-            if restore is not None:
-                restore.close()
             for lst2 in made.values():
                 self.ledger.release(gpu, lst2)
             if mapped:
@@ -457,63 +424,67 @@ class Swapper:
                     self.store.delete(r.kv_file)
                     r.kv_file = None
                     stale = True
-        if stale and track_states:  # the file written while the clients mapped names it
+        if stale and track_states:  # the file written during the restore names it
             self.table.persist()
         return results
 
-    def _restore_request(self, m: ModelRecord, instances: list[InstanceRecord]) -> RestoreRequest:
-        """Each instance's `restore` body and the read-only host-store fds it names (closed
-        by the request's `close`); raises `HostCopyLost` when a committed copy is gone."""
-        request = RestoreRequest()
-        try:
-            for inst in instances:
-                lst = request.fds.setdefault(inst.name, [])
-                docs = []
-                for r in inst.regions.values():
-                    source = None
-                    if r.kind is RegionKind.WEIGHTS and r.weights_file is not None:
-                        source = r.weights_file
-                    elif (
-                        r.kind is RegionKind.KV
-                        and r.kv_file is not None
-                        and m.config.kv_mode is KvMode.PRESERVE
-                    ):
-                        source = r.kv_file
-                    if source is None:
-                        docs.append({"tag": r.tag, "fresh": True})
-                        continue
+    def _restore(
+        self, m: ModelRecord, instances: list[InstanceRecord], *, persist_while_copying: bool
+    ) -> dict[str, dict[str, Any]]:
+        """Send `restore` to every instance and wait for them to copy. With
+        `persist_while_copying`, the state file (instances mapped, RESTORING) is written
+        while the clients copy, so the swap-in's only state-file write costs it nothing."""
+        bodies: dict[str, dict[str, Any]] = {}
+        fds: dict[str, list[int]] = {}
+        for inst in instances:
+            lst = fds.setdefault(inst.name, [])
+            docs = []
+            for r in inst.regions.values():
+                source = None
+                if r.kind is RegionKind.WEIGHTS and r.weights_file is not None:
+                    source = r.weights_file
+                elif (
+                    r.kind is RegionKind.KV
+                    and r.kv_file is not None
+                    and m.config.kv_mode is KvMode.PRESERVE
+                ):
+                    source = r.kv_file
+                if source is None:
+                    docs.append({"tag": r.tag, "fresh": True})
+                else:
                     try:
                         fd = self.store.open_readonly(source)
                     except OSError as ex:  # the only complete copy is gone
+                        for opened in fds.values():
+                            for x in opened:
+                                close_fd(x)
                         raise HostCopyLost(
                             f"host copy {source.relpath} of region {r.tag} is gone: {ex}"
                         ) from ex
                     docs.append({"tag": r.tag, "fd": len(lst), "bytes": r.size_bytes})
                     lst.append(fd)
-                request.bodies[inst.name] = {"regions": docs}
-        except BaseException:
-            request.close()
-            raise
-        return request
-
-    def _restore(
-        self, m: ModelRecord, instances: list[InstanceRecord], request: RestoreRequest
-    ) -> dict[str, dict[str, Any]]:
-        """Send `restore` to every instance and wait for them to copy."""
+            bodies[inst.name] = {"regions": docs}
         try:
             batch = send(
                 self.transport,
                 m.epoch,
                 instances,
                 Op.RESTORE,
-                bodies=request.bodies,
-                fds=request.fds,
+                bodies=bodies,
+                fds=fds,
                 stop_at_failure=True,
             )
         finally:
-            request.close()
+            for lst in fds.values():
+                for fd in lst:
+                    close_fd(fd)
         if batch.failed:
             raise ClientFailed("; ".join(why for _, why in batch.failed))
+        if persist_while_copying:
+            # crash-safe: a restarted agent that finds instances marked mapped waits for
+            # them to readopt and settles the model from what they hold (a client whose
+            # restore did not finish unmaps first and comes back swapped out)
+            self.table.persist()
         replies = batch.wait(self.settings.client_timeout_seconds, stop_at_failure=True)
         if replies.failed:
             raise ClientFailed(f"restore on {replies.why()}")

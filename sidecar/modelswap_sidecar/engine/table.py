@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
 
 from modelswap_api.wire import Peer
 from modelswap_sidecar.engine.errors import UnknownModel, WrongState
@@ -93,11 +92,9 @@ class ModelTable:
             if persist:
                 self.persist()
 
-    def persist(self, *, mapping: Iterable[InstanceRecord] = ()) -> None:
-        """Write the state file; `mapping`: instances a swap-in is mapping, written as
-        mapped already (so a restarted agent waits for them to readopt)."""
+    def persist(self) -> None:
         with self.lock:
-            self.store.write_state(to_doc(self._models, mapping={id(i) for i in mapping}))
+            self.store.write_state(to_doc(self._models))
 
     # -- clients' sockets ----------------------------------------------------------------
 
