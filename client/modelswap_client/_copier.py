@@ -121,7 +121,9 @@ class Copier:
         the copy streams move chunk i while this thread grants access to chunk i+1 (for
         the sim mapper, granting access populates the page tables: the two overlap). The
         last piece, with nothing left to grant behind it, this thread copies itself
-        (`copy_to_device_now`): no hand-off to a stream and back.
+        (`copy_to_device_now`) when a stream is idle anyway: no hand-off to a stream and
+        back. Behind a backlog on every stream it is queued like the rest (a third copy
+        beside two busy streams would only share their CPUs).
         """
         mapper = self._mapper
         buffers = []
@@ -154,7 +156,8 @@ class Copier:
                     pieces = list(self._pieces(offset, size))
                     for j, (off, n) in enumerate(pieces):
                         dst, src, stream = r.address + off, host.address + off, queued % streams
-                        if r.tag == last_tag and k == len(handles) - 1 and j == len(pieces) - 1:
+                        last = r.tag == last_tag and k == len(handles) - 1 and j == len(pieces) - 1
+                        if last and sum(not ev.query() for ev in events) < streams:
                             mapper.copy_to_device_now(dst, src, n, stream)
                         else:
                             events.append(mapper.copy_to_device(dst, src, n, stream))

@@ -14,7 +14,7 @@ import pytest
 from modelswap_api.wire import ErrorCode, Message, Op, RegionKind
 from modelswap_client._copier import Copier
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import CopyError, Handle, HostBuffer, MapperError
+from modelswap_client.mappers.base import CopyError, CopyEvent, Handle, HostBuffer, MapperError
 from modelswap_client.mappers.sim import SimMapper
 from modelswap_client.regions import Regions, RegionSpec
 
@@ -176,20 +176,43 @@ def restore_message(regions: dict[str, int | None], fds: list[int]) -> Message:
     return Message(Op.RESTORE, 2, 1, {"regions": body}, sent)
 
 
-@pytest.mark.parametrize("kv_fresh", [False, True])
-def test_the_restore_thread_copies_the_last_piece_itself_and_queues_the_rest(
-    sim: CountingSim, regions: Regions, monkeypatch: pytest.MonkeyPatch, kv_fresh: bool
+class Finished(CopyEvent):
+    """A copy already done that a test makes look still queued (`busy`)."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+
+    def query(self) -> bool:
+        return not self.busy
+
+    def wait(self, timeout_seconds: float | None = None) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("kv_fresh", "busy"), [(False, False), (True, False), (False, True)])
+def test_the_restore_thread_copies_the_last_piece_itself_when_a_stream_is_idle(
+    sim: CountingSim,
+    regions: Regions,
+    monkeypatch: pytest.MonkeyPatch,
+    kv_fresh: bool,
+    busy: bool,
 ) -> None:
     """Every piece but the last copied one goes to a stream; the last (nothing left to
-    grant behind it) is copied on the restore's own thread."""
+    grant behind it) is copied on the restore's own thread, unless every stream still has
+    copies queued (then it queues too)."""
     inline: list[tuple[str, int, int]] = []
-    real_now = sim.copy_to_device_now
+    real_now, real_copy = sim.copy_to_device_now, sim.copy_to_device
 
     def now(dst: int, src: int, size_bytes: int, stream: int = 0) -> None:
         inline.append((threading.current_thread().name, dst, size_bytes))
         real_now(dst, src, size_bytes, stream)
 
+    def copy(dst: int, src: int, size_bytes: int, stream: int = 0) -> CopyEvent:
+        real_copy(dst, src, size_bytes, stream).wait()
+        return Finished(busy)
+
     monkeypatch.setattr(sim, "copy_to_device_now", now)
+    monkeypatch.setattr(sim, "copy_to_device", copy)
     copier = Copier(sim, regions, copy_piece_bytes=1 * MIB)
     copier.map(map_message(regions, 2 * MIB))
     weights, kv = memfd(8 * MIB, b"weights!"), memfd(4 * MIB, b"kv")
@@ -197,7 +220,7 @@ def test_the_restore_thread_copies_the_last_piece_itself_and_queues_the_rest(
     done = copier.restore(restore_message(tags, [weights, kv]))
     last = regions["w"] if kv_fresh else regions["kv"]
     me = threading.current_thread().name
-    assert inline == [(me, last.address + last.reserved_bytes - MIB, MIB)]
+    assert inline == ([] if busy else [(me, last.address + last.reserved_bytes - MIB, MIB)])
     assert done.copy["bytes"] == (8 if kv_fresh else 12) * MIB
     assert region_bytes(regions, "w") == read_fd(weights, 8 * MIB)
     if not kv_fresh:
