@@ -526,8 +526,7 @@ NOTES = [
     "swap_in = engine.swap_in(): allocate from the pre-populated pool, export fds over "
     "SCM_RIGHTS, client maps them PROT_NONE at its reserved addresses (one message), then "
     "(second message) grants access chunk by chunk (sim: re-map MAP_POPULATE) while 2 copy "
-    "streams memmove each granted chunk from the host copy (pipelined; the restore's own "
-    "thread copies the last chunk), replies. swap_out "
+    "streams memmove each granted chunk from the host copy (pipelined), replies. swap_out "
     "= quiesce, unmap, release (weights are clean); it is dominated by the kernel freeing "
     "the chunks' pages when the agent closes the last fd.",
 ]

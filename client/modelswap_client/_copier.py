@@ -119,11 +119,7 @@ class Copier:
 
         Access is set per mapping (chunk) and that chunk's copies are queued at once, so
         the copy streams move chunk i while this thread grants access to chunk i+1 (for
-        the sim mapper, granting access populates the page tables: the two overlap). The
-        last piece, with nothing left to grant behind it, this thread copies itself
-        (`copy_to_device_now`) when a stream is idle anyway: no hand-off to a stream and
-        back. Behind a backlog on every stream it is queued like the rest (a third copy
-        beside two busy streams would only share their CPUs).
+        the sim mapper, granting access populates the page tables: the two overlap).
         """
         mapper = self._mapper
         buffers = []
@@ -133,8 +129,6 @@ class Copier:
         queued = 0
         copied_bytes = 0
         started = time.perf_counter()
-        copied_tags = [rd["tag"] for rd in message.body["regions"] if not rd.get("fresh")]
-        last_tag = copied_tags[-1] if copied_tags else None
         try:
             for rd in message.body["regions"]:
                 r = self._regions[rd["tag"]]
@@ -148,19 +142,16 @@ class Copier:
                     fd = message.fds[int(rd["fd"])]
                     host = mapper.map_host(fd, int(rd["bytes"]), writable=False)
                     buffers.append(host)
-                handles = sorted(r.handles, key=lambda h: h[0])
-                for k, (offset, size, _) in enumerate(handles):
+                for offset, size, _ in sorted(r.handles, key=lambda h: h[0]):
                     mapper.set_access(r.address + offset, size, writable=True)
                     if host is None:
                         continue
-                    pieces = list(self._pieces(offset, size))
-                    for j, (off, n) in enumerate(pieces):
-                        dst, src, stream = r.address + off, host.address + off, queued % streams
-                        last = r.tag == last_tag and k == len(handles) - 1 and j == len(pieces) - 1
-                        if last and sum(not ev.query() for ev in events) < streams:
-                            mapper.copy_to_device_now(dst, src, n, stream)
-                        else:
-                            events.append(mapper.copy_to_device(dst, src, n, stream))
+                    for off, n in self._pieces(offset, size):
+                        events.append(
+                            mapper.copy_to_device(
+                                r.address + off, host.address + off, n, queued % streams
+                            )
+                        )
                         queued += 1
                         copied_bytes += n
                 if host is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from modelswap_api.wire import ErrorCode, Message, Op, RegionKind
 from modelswap_client._copier import Copier
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import CopyError, CopyEvent, Handle, HostBuffer, MapperError
+from modelswap_client.mappers.base import Handle, HostBuffer, MapperError
 from modelswap_client.mappers.sim import SimMapper
 from modelswap_client.regions import Regions, RegionSpec
 
@@ -161,94 +160,6 @@ def test_a_swap_cycle_moves_every_byte_in_pieces_over_the_streams(
     for fd in (weights, kv, saved):
         os.close(fd)
     copier.drop_weight_sources()
-
-
-def restore_message(regions: dict[str, int | None], fds: list[int]) -> Message:
-    """RESTORE of each tag from fds[i] (its bytes), or fresh (None)."""
-    body: list[dict[str, object]] = []
-    sent: list[int] = []
-    for tag, size in regions.items():
-        if size is None:
-            body.append({"tag": tag, "fresh": True})
-        else:
-            body.append({"tag": tag, "fd": len(sent), "bytes": size})
-            sent.append(os.dup(fds[len(sent)]))
-    return Message(Op.RESTORE, 2, 1, {"regions": body}, sent)
-
-
-class Finished(CopyEvent):
-    """A copy already done that a test makes look still queued (`busy`)."""
-
-    def __init__(self, busy: bool) -> None:
-        self.busy = busy
-
-    def query(self) -> bool:
-        return not self.busy
-
-    def wait(self, timeout_seconds: float | None = None) -> None:
-        return None
-
-
-@pytest.mark.parametrize(("kv_fresh", "busy"), [(False, False), (True, False), (False, True)])
-def test_the_restore_thread_copies_the_last_piece_itself_when_a_stream_is_idle(
-    sim: CountingSim,
-    regions: Regions,
-    monkeypatch: pytest.MonkeyPatch,
-    kv_fresh: bool,
-    busy: bool,
-) -> None:
-    """Every piece but the last copied one goes to a stream; the last (nothing left to
-    grant behind it) is copied on the restore's own thread, unless every stream still has
-    copies queued (then it queues too)."""
-    inline: list[tuple[str, int, int]] = []
-    real_now, real_copy = sim.copy_to_device_now, sim.copy_to_device
-
-    def now(dst: int, src: int, size_bytes: int, stream: int = 0) -> None:
-        inline.append((threading.current_thread().name, dst, size_bytes))
-        real_now(dst, src, size_bytes, stream)
-
-    def copy(dst: int, src: int, size_bytes: int, stream: int = 0) -> CopyEvent:
-        real_copy(dst, src, size_bytes, stream).wait()
-        return Finished(busy)
-
-    monkeypatch.setattr(sim, "copy_to_device_now", now)
-    monkeypatch.setattr(sim, "copy_to_device", copy)
-    copier = Copier(sim, regions, copy_piece_bytes=1 * MIB)
-    copier.map(map_message(regions, 2 * MIB))
-    weights, kv = memfd(8 * MIB, b"weights!"), memfd(4 * MIB, b"kv")
-    tags: dict[str, int | None] = {"w": 8 * MIB, "kv": None if kv_fresh else 4 * MIB}
-    done = copier.restore(restore_message(tags, [weights, kv]))
-    last = regions["w"] if kv_fresh else regions["kv"]
-    me = threading.current_thread().name
-    assert inline == ([] if busy else [(me, last.address + last.reserved_bytes - MIB, MIB)])
-    assert done.copy["bytes"] == (8 if kv_fresh else 12) * MIB
-    assert region_bytes(regions, "w") == read_fd(weights, 8 * MIB)
-    if not kv_fresh:
-        assert region_bytes(regions, "kv") == read_fd(kv, 4 * MIB)
-    copier.drop_weight_sources()
-    os.close(weights)
-    os.close(kv)
-
-
-def test_a_last_copy_that_fails_fails_the_restore_with_nothing_in_flight_or_open(
-    sim: CountingSim, regions: Regions, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def fail(dst: int, src: int, size_bytes: int, stream: int = 0) -> None:
-        raise CopyError("copy failed (test)")
-
-    monkeypatch.setattr(sim, "copy_to_device_now", fail)
-    copier = Copier(sim, regions, copy_piece_bytes=1 * MIB)
-    copier.map(map_message(regions, 2 * MIB))
-    weights = memfd(8 * MIB, b"weights!")
-    before = open_fds()
-    message = restore_message({"w": 8 * MIB}, [weights])
-    with pytest.raises(CopyError, match="test"):
-        copier.restore(message)
-    assert message.fds == [] and open_fds() <= before
-    assert not regions["w"].restored
-    regions.unmap_all()  # nothing in flight: the stream copies were synchronized
-    copier.drop_weight_sources()
-    os.close(weights)
 
 
 def test_a_weight_copy_stays_mapped_between_restores_until_its_file_changes(

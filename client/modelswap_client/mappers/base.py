@@ -178,15 +178,6 @@ class Mapper(abc.ABC):
     ) -> CopyEvent:
         """Queue a host→device copy (`cuMemcpyHtoDAsync`) and return its completion event."""
 
-    def copy_to_device_now(
-        self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
-    ) -> None:
-        """A host→device copy that has returned when it is done (`cuMemcpyHtoD`), for a
-        caller with nothing left to queue behind it; raises `CopyError` when it failed.
-        Default: `copy_to_device` on `stream`, waited for. A mapper whose streams are
-        threads (sim) copies on the caller's thread instead."""
-        self.copy_to_device(dst_address, src_address, size_bytes, stream).wait()
-
     @abc.abstractmethod
     def copy_to_host(
         self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0

@@ -17,7 +17,6 @@ registration reply (`pace`, called by the client's handler).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import os
@@ -437,17 +436,17 @@ class SimMapper(Mapper):
         )
         self.bandwidth_bytes_per_second = float(bandwidth_bytes_per_second)
 
-    @staticmethod
-    def _copy(pacer: Pacer | None, dst: int, src: int, size_bytes: int) -> None:
-        # booked when the copy starts (a stream runs its copies in order), so the
-        # memmove's own time counts towards the slot
-        deadline = pacer.reserve(size_bytes) if pacer is not None else 0.0
-        _libc.memmove(dst, src, size_bytes)
-        if pacer is not None:
-            pacer.wait_until(deadline)
-
     def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
-        work = functools.partial(self._copy, self.pacer, dst, src, size_bytes)
+        pacer = self.pacer
+
+        def work() -> None:
+            # booked when the copy starts (a stream runs its copies in order), so the
+            # memmove's own time counts towards the slot
+            deadline = pacer.reserve(size_bytes) if pacer is not None else 0.0
+            _libc.memmove(dst, src, size_bytes)
+            if pacer is not None:
+                pacer.wait_until(deadline)
+
         return self._streams[stream % len(self._streams)].submit(work)
 
     def copy_to_device(
@@ -456,18 +455,6 @@ class SimMapper(Mapper):
         self._check_device(dst_address, size_bytes, _libc.PROT_READ | _libc.PROT_WRITE)
         self._check_host(src_address, size_bytes, writable=False)
         return self._submit(stream, dst_address, src_address, size_bytes)
-
-    def copy_to_device_now(
-        self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
-    ) -> None:
-        """On the calling thread (paced like every copy), beside whatever the streams run:
-        a restore's last copy needs no thread hand-off to a stream and back."""
-        self._check_device(dst_address, size_bytes, _libc.PROT_READ | _libc.PROT_WRITE)
-        self._check_host(src_address, size_bytes, writable=False)
-        try:
-            self._copy(self.pacer, dst_address, src_address, size_bytes)
-        except Exception as e:
-            raise CopyError(f"copy failed: {e}") from e
 
     def copy_to_host(
         self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
