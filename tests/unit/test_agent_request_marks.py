@@ -1,6 +1,6 @@
 """A model's last-request mark, which the policy's idle time and victim ranking read
-(docs/POLICY.md): the gateway's receipt of a request, its answer, and Triton's
-`last_inference` each move it forward, and nothing moves it back."""
+(docs/POLICY.md): the gateway's records of a request (its receipt and its answer) and
+Triton's `last_inference` each move it forward, and nothing moves it back."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def model() -> AgentModel:
 
 
 def actuator(m: AgentModel, clocks: Clocks) -> Any:
-    return SimpleNamespace(records={m.uid: m}, clock=clocks.monotonic, notify=lambda: None)
+    return SimpleNamespace(records={m.uid: m}, clock=clocks.monotonic)
 
 
 def stats(m: AgentModel, last_wall_seconds: float) -> ModelStatistics:
@@ -50,25 +50,13 @@ def stats(m: AgentModel, last_wall_seconds: float) -> ModelStatistics:
     )
 
 
-def test_an_answer_moves_the_mark_to_when_it_was_given() -> None:
-    clocks, m = Clocks(), model()
-    d = AgentDirectory(actuator(m, clocks), clock=clocks.monotonic, wall_clock=clocks.wall)
-    d.record_request(m.uid, clocks.wall())
-    d.request_started(m.uid)
-    clocks.now = 103.5  # the request was served for 3.5 s
-    d.request_finished(m.uid)
-    assert m.last_request_seconds == 103.5 and m.last_request_wall_seconds == 1103.5
-    assert m.active_requests == 0
-
-
 def test_an_older_triton_last_inference_does_not_move_the_mark_back() -> None:
     clocks, m = Clocks(), model()
     act = actuator(m, clocks)
     d = AgentDirectory(act, clock=clocks.monotonic, wall_clock=clocks.wall)
     loop = PolicyLoop(act, driver=None, interval_seconds=1, metrics=None, wall_clock=clocks.wall)  # type: ignore[arg-type]
     clocks.now = 110.0
-    d.request_started(m.uid)
-    d.request_finished(m.uid)  # answered at 1110 (wall)
+    d.record_request(m.uid, clocks.wall())  # the gateway's answer at 1110 (wall)
     clocks.now = 111.0
     loop.observe_requests({m.uid: stats(m, 1109.998)})  # Triton's own end of it, a bit earlier
     assert m.last_request_wall_seconds == 1110.0 and m.last_request_seconds == 110.0

@@ -58,6 +58,17 @@ async def test_the_service_host_picks_the_namespace_and_triton_sees_its_own_name
 
 
 @pytest.mark.asyncio
+async def test_a_request_is_recorded_at_its_receipt_and_again_at_its_answer() -> None:
+    async with world() as w:
+        status, _, headers = await w.post("/ns/team-a/v2/models/bert/infer", infer_body([1]))
+        assert status == 200
+        (uid, received), (again, answered) = w.directory.requests
+        assert uid == again == BERT.uid
+        assert 0 <= received - float(headers["X-Modelswap-Received-At"]) < 0.1
+        assert answered >= received  # the idle clock starts from the answer
+
+
+@pytest.mark.asyncio
 async def test_the_ns_prefix_picks_the_namespace() -> None:
     async with world() as w:
         status, body, _ = await w.post(

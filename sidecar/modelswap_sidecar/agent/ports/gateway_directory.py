@@ -19,8 +19,8 @@ residency from the engine, swap-ins through the actuator, request times for the 
   actuator's reason.
 - `record_request`: the model's last-request times (monotonic and wall), which the policy
   loop's idle rule reads; `request_started`/`request_finished`: its requests in flight,
-  which the policy reads too (a model with requests in flight is not a victim); a
-  finished request moves the last-request times to its answer.
+  which the policy reads too (a model with requests in flight is not a victim). The
+  gateway records a request at its receipt and again at its answer.
 """
 
 from __future__ import annotations
@@ -227,9 +227,5 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is not None:
             model.active_requests = max(model.active_requests - 1, 0)
-            # idle counts from the answer, as from Triton's last_inference (a request's
-            # end), which the policy loop reads only at its next tick: an admission
-            # ranking victims before then sees this answer already
-            self.record_request(uid, self.wall_clock())
             if not model.active_requests:  # a swap-in waiting for an idle model looks again
                 self.actuator.notify()
