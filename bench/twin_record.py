@@ -496,7 +496,8 @@ def first_divergence(record: RunRecord, replayed: Replay) -> str | None:
 
 def _asked(record: RunRecord, model: str, at_seconds: float) -> str:
     """When `model` was asked for by the request that waited for it at `at_seconds`: sent,
-    received by the gateway, and how late, at least, by the swap-ins' own timing."""
+    received by the gateway, and where its wait's end and the swap-ins' own timing
+    disagree."""
     ends = swap_in_ends(record)
     waiting = [
         r
@@ -522,9 +523,8 @@ def _asked(record: RunRecord, model: str, at_seconds: float) -> str:
     waited_until = first.arrival_at_gateway_seconds + first.queue_wait_seconds
     if end is not None and end > waited_until + 0.001:
         text += (
-            f" (its wait ended at {waited_until:.3f} s, but its swap-in no earlier than "
-            f"{end:.3f} s: it reached the gateway at least {(end - waited_until) * 1e3:.0f} "
-            f"ms later than that)"
+            f" (its wait ended at {waited_until:.3f} s, but the swap-ins before it put its "
+            f"end no earlier than {end:.3f} s, {(end - waited_until) * 1e3:.0f} ms later)"
         )
     return text
 
