@@ -1,13 +1,13 @@
 """The gateway's request path under cProfile, for `bench.gateway`'s notes.
 
 `python -m bench.gateway_profiled TRITON_URL UID OUT`: serves the gateway app as the agent
-does (`modelswap_sidecar.gateway.app.make_app` + `start`) in front of TRITON_URL, routing
-`default/tiny` to UID (always resident: a directory that never swaps), and prints its URL.
-Until SIGUSR1 it serves unprofiled and counts the process's CPU time (user + system) per
-answered request; from SIGUSR1 it profiles its event loop until SIGTERM; then it writes
-both to OUT, the profile as the top functions by own time. The agent's gateway shares its
-process with the engine and the policy loop; this one runs alone, so both show the
-gateway's own cost per request.
+does (`modelswap_sidecar.gateway.app.make_app` + `start`, on the agent's event loop) in
+front of TRITON_URL, routing `default/tiny` to UID (always resident: a directory that
+never swaps), and prints its URL. Until SIGUSR1 it serves unprofiled and counts the
+process's CPU time (user + system) per answered request; from SIGUSR1 it profiles its
+event loop until SIGTERM; then it writes both to OUT, the profile as the top functions by
+own time. The agent's gateway shares its process with the engine and the policy loop; this
+one runs alone, so both show the gateway's own cost per request.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
+from modelswap_sidecar.agent.running import new_event_loop
 from tests.support.gateway_fakes import FakeDirectory, route, served_gateway
 
 #: the event loop's idle wait: time with nothing to do, not work
@@ -71,7 +72,8 @@ async def serve(triton_url: str, uid: str) -> str:
 
 
 def main() -> int:
-    text = asyncio.run(serve(sys.argv[1], sys.argv[2]))
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:  # the agent's event loop
+        text = runner.run(serve(sys.argv[1], sys.argv[2]))
     Path(sys.argv[3]).write_text(text)
     return 0
 

@@ -16,7 +16,6 @@ them from the downward API — the agent itself reads no environment.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -74,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level.upper(), json_lines=settings.json_logs)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
-    from modelswap_sidecar.agent.running import run_agent  # noqa: PLC0415 - heavy imports
+    from modelswap_sidecar.agent.running import serve  # noqa: PLC0415 - heavy imports
 
-    return asyncio.run(run_agent(settings))
+    return serve(settings)

@@ -1,5 +1,6 @@
 """Running the agent: `run_agent(settings)` builds it (`assembly.build`) and runs it
-(`run`) until SIGTERM or SIGINT, then closes everything it opened.
+(`run`) until SIGTERM or SIGINT, then closes everything it opened; `serve(settings)` does
+that on the agent's event loop (`new_event_loop`: uvloop's).
 
 `run(agent, stop)` reads the saved desired set's names (`core.knowledge`: until the agent
 knows its desired models the gateway answers 503, not 404), then starts, in order: the
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from aiohttp import web
 
 from modelswap_sidecar.agent.assembly import DESIRED_FILE, Agent, build
@@ -52,6 +54,18 @@ from modelswap_sidecar.metrics import metrics_app
 log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "agent.json"
+
+#: The agent's event loop: uvloop's (libuv, in C) rather than asyncio's own. The gateway's
+#: every request runs through it twice (client to gateway, gateway to Triton), and on the
+#: 2-core bench machine it cut the gateway's added p50 at half of saturation from 1.76/1.14
+#: to 0.89/0.94 ms (two pairs side by side, `bench.gateway`).
+new_event_loop = uvloop.new_event_loop
+
+
+def serve(settings: AgentSettings) -> int:
+    """Run the agent on its own event loop until SIGTERM or SIGINT; its exit status."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(run_agent(settings))
 
 
 async def run_agent(settings: AgentSettings) -> int:
