@@ -20,11 +20,16 @@ pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20
 
 
-def test_the_ceiling_tries_every_thread_count_with_both_layouts() -> None:
-    assert swap.ceiling_means(2) == [(1, "whole"), (1, "chunks"), (2, "whole"), (2, "chunks")]
+def test_the_ceiling_tries_every_thread_count_with_every_layout() -> None:
+    assert swap.ceiling_means(2) == [
+        (1, "whole"), (1, "chunks"), (1, "pipelined"), (2, "whole"), (2, "chunks"), (2, "pipelined")
+    ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("threads", "layout"), [(1, "whole"), (2, "whole"), (2, "chunks")])
+@pytest.mark.parametrize(
+    ("threads", "layout"),
+    [(1, "whole"), (2, "whole"), (2, "chunks"), (1, "pipelined"), (2, "pipelined")],
+)
 def test_every_ceiling_means_moves_the_bytes(threads: int, layout: str) -> None:
     size = 64 * MIB  # two engine chunks
     src = mmap.mmap(-1, size)
