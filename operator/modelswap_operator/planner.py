@@ -120,7 +120,17 @@ def plan(
     `defaults`: the cluster policy defaults (the shape of `BUILTIN_DEFAULTS`).
     ValueError when two deployments share a UID or two SwapNodes a name.
     """
-    nodes = node_views(swap_nodes)
+    return plan_views(node_views(swap_nodes), deployments, assignments, defaults)
+
+
+def plan_views(
+    nodes: Sequence[NodeView],
+    deployments: Sequence[ModelDeployment],
+    assignments: Mapping[str, Assignment],
+    defaults: Mapping[str, Any],
+) -> Plan:
+    """`plan` over the nodes as placement sees them (`node_views`): all of a SwapNode
+    that a plan depends on, so equal views with the same other inputs plan the same."""
     unplaced: dict[str, Unplaced] = {}
     groups: dict[PlacementKey, _Group | Ineligible] = {}
     candidates: list[_Candidate] = []

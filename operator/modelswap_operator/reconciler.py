@@ -40,6 +40,7 @@ from modelswap_operator.errors import AgentError, AgentRefused
 from modelswap_operator.events import EventRecorder
 from modelswap_operator.kubeio import KubeIO
 from modelswap_operator.metrics import OperatorMetrics
+from modelswap_operator.planning.eligibility import NodeView, node_views
 from modelswap_operator.settings import OperatorSettings
 from modelswap_operator.status import (
     Observed,
@@ -163,6 +164,31 @@ class _Sent:
     results: dict[str, EntryResult] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A plan and what it was made from (the defaults are the settings', fixed)."""
+
+    views: tuple[NodeView, ...]
+    deployments: list[ModelDeployment]
+    assignments: dict[str, planner.Assignment]
+    plan: planner.Plan
+
+    def same_inputs(
+        self,
+        views: tuple[NodeView, ...],
+        deployments: list[ModelDeployment],
+        assignments: dict[str, planner.Assignment],
+    ) -> bool:
+        """Equal node views and assignments, and the very same decoded deployments (one
+        is decoded again only when its body changed), in the same order."""
+        return (
+            len(deployments) == len(self.deployments)
+            and all(a is b for a, b in zip(deployments, self.deployments, strict=True))
+            and views == self.views
+            and assignments == self.assignments
+        )
+
+
 class Reconciler:
     def __init__(
         self,
@@ -193,6 +219,13 @@ class Reconciler:
         self._forgotten: set[tuple[str, str]] = set()
         self._released: set[str] = set()
         self._routed: dict[str, tuple[str, str]] = {}
+        #: Per routed uid: what its route was last ensured from (`_route_key`); the same
+        #: key again needs no call at all, not even a task (2,000 of them a turn cost more
+        #: than the rest of the routing).
+        self._route_keys: dict[str, tuple[Any, ...]] = {}
+        #: The last plan made and its inputs: an idle turn (every input as before) plans
+        #: nothing.
+        self._last_plan: _Planned | None = None
         self._statuses: dict[str, dict[str, Any]] = {}
         self._release_waiters: dict[str, asyncio.Event] = {}
         #: (uid, generation) -> (field, message) of entries an agent refused.
@@ -327,9 +360,15 @@ class Reconciler:
             status = snap.deployments[uid].get("status") or {}
             if uid not in assignments and status.get("node") and status.get("gpu"):
                 assignments[uid] = planner.Assignment(node=status["node"], gpu=status["gpu"])
-        started = time.monotonic()
-        plan = planner.plan(nodes, active, assignments, self.settings.defaults)
-        self.metrics.plan_seconds.observe(time.monotonic() - started)
+        views = node_views(nodes)
+        last = self._last_plan
+        if last is not None and last.same_inputs(views, active, assignments):
+            plan = last.plan  # planning is pure: the same inputs, the same plan
+        else:
+            started = time.monotonic()
+            plan = planner.plan_views(views, active, assignments, self.settings.defaults)
+            self.metrics.plan_seconds.observe(time.monotonic() - started)
+            self._last_plan = _Planned(views, active, assignments, plan)
         self._assignments = {
             uid: planner.Assignment(node=p.node, gpu=p.gpu) for uid, p in plan.placed.items()
         }
@@ -510,6 +549,7 @@ class Reconciler:
 
     async def _unroute(self, uid: str, body: Body) -> None:
         self._routed.pop(uid, None)
+        self._route_keys.pop(uid, None)
         metadata = body["metadata"]
         try:
             await self.router.remove(metadata["namespace"], metadata["name"])
@@ -520,16 +560,50 @@ class Reconciler:
         self, snap: Snapshot, live: set[str], verdicts: Mapping[str, Verdict]
     ) -> dict[str, tuple[bool, str | None]]:
         """(routed, problem) per placed uid. Models are routed side by side (each one's
-        Service, then its EndpointSlice), as many at once as there are Kubernetes threads."""
+        Service, then its EndpointSlice), as many at once as there are Kubernetes threads;
+        a model whose route was ensured from the same inputs since the router last forgot
+        is routed already."""
         routed: dict[str, tuple[bool, str | None]] = {}
         semaphore = asyncio.Semaphore(self.settings.kube_threads)
+        gateways: dict[str, routing.Gateway | None] = {}
 
-        async def one(uid: str, verdict: Verdict) -> None:
+        async def one(uid: str, verdict: Verdict, key: tuple[Any, ...] | None) -> None:
             async with semaphore:
-                await self._route(snap, live, uid, verdict, routed)
+                await self._route(snap, live, uid, verdict, routed, key=key)
 
-        await asyncio.gather(*(one(uid, verdict) for uid, verdict in verdicts.items()))
+        due = []
+        for uid, verdict in verdicts.items():
+            key = self._route_key(snap, live, uid, verdict, gateways)
+            if key is not None and self._route_keys.get(uid) == key:
+                routed[uid] = (True, None)
+            else:
+                due.append(one(uid, verdict, key))
+        await asyncio.gather(*due)
         return routed
+
+    def _route_key(
+        self,
+        snap: Snapshot,
+        live: set[str],
+        uid: str,
+        verdict: Verdict,
+        gateways: dict[str, routing.Gateway | None],
+    ) -> tuple[Any, ...] | None:
+        """Everything a placed model's Service and EndpointSlice are built from, and the
+        router's generation; None when it has no route to ensure."""
+        node = verdict.node
+        if node is None:
+            return None
+        if node not in gateways:
+            status = (snap.swapnodes.get(node) or {}).get("status") or {}
+            gateways[node] = routing.Gateway.parse(status.get("gatewayEndpoint"))
+        gateway = gateways[node]
+        if gateway is None:
+            return None
+        body = snap.deployments[uid]
+        metadata = body["metadata"]
+        return (self.router.generation, metadata["namespace"], metadata["name"],
+                body["apiVersion"], body["kind"], gateway, node, node in live)  # fmt: skip
 
     async def _route(
         self,
@@ -538,8 +612,11 @@ class Reconciler:
         uid: str,
         verdict: Verdict,
         routed: dict[str, tuple[bool, str | None]],
+        *,
+        key: tuple[Any, ...] | None,
     ) -> None:
         body = snap.deployments[uid]
+        self._route_keys.pop(uid, None)
         if verdict.node is None:
             if uid in self._routed:
                 await self._unroute(uid, body)
@@ -566,6 +643,8 @@ class Reconciler:
             routed[uid] = (False, f"writing the Service or EndpointSlice failed: {e}")
             return
         self._routed[uid] = (metadata["namespace"], metadata["name"])
+        if key is not None and key[0] == self.router.generation:
+            self._route_keys[uid] = key
         routed[uid] = (True, None)
 
     async def _write_statuses(

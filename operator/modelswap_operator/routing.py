@@ -156,6 +156,9 @@ class Router:
     def __init__(self, io: KubeIO) -> None:
         self.io = io
         self._written: dict[tuple[str, str, str], Any] = {}
+        #: Counts `forget` calls: a route ensured under an older one may have to be written
+        #: again (the caller's memo of what it ensured is only good for one generation).
+        self.generation = 0
 
     async def ensure(
         self,
@@ -243,3 +246,4 @@ class Router:
     def forget(self) -> None:
         """Drop what was remembered (after a write failed, re-read on the next turn)."""
         self._written.clear()
+        self.generation += 1

@@ -208,3 +208,73 @@ async def test_refused_and_unreadable_models_are_reported_on_their_objects_only(
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop
+
+
+async def test_a_route_ensured_from_the_same_inputs_is_not_ensured_again() -> None:
+    kube, agents, cache = FakeKube(), FakeAgents(), Cache()
+    kube.swapnodes, kube.leases = kube.swapnodes[:2], kube.leases[:2]
+    reconciler = reconciler_over(kube, agents, cache)
+    cache.complete_deployments([deployment(i) for i in range(6)])
+    cache.complete_swapnodes(kube.swapnodes)
+    ensured: list[tuple[str, str, bool]] = []
+    ensure = reconciler.router.ensure
+
+    async def counting_ensure(namespace: str, owner: Any, gateway: Any, node: str,
+                              ready: bool, *, new: bool = False) -> None:  # fmt: skip
+        ensured.append((owner["name"], node, ready))
+        await ensure(namespace, owner, gateway, node, ready, new=new)
+
+    reconciler.router.ensure = counting_ensure  # type: ignore[method-assign]
+    await reconciler.turn()
+    assert sorted(name for name, _, _ in ensured) == [f"m{i}" for i in range(6)]
+    assert all(status.get("endpoint") for status in kube.statuses.values())
+
+    ensured.clear()
+    await reconciler.turn()
+    assert ensured == []  # nothing changed: not one route ensured, every status as before
+    assert all(status.get("endpoint") for status in kube.statuses.values())
+
+    reconciler.router.forget()  # as after a failed write: every route is ensured again
+    await reconciler.turn()
+    assert sorted(name for name, _, _ in ensured) == [f"m{i}" for i in range(6)]
+
+    ensured.clear()  # the Lease of the node holding them runs out: every route changes
+    held = {status["node"] for status in kube.statuses.values()}
+    assert held == {"node-00"}
+    kube.leases[0] = {"metadata": {"name": "node-00"},
+                      "spec": {"renewTime": "2000-01-01T00:00:00.000000Z"}}  # fmt: skip
+    await reconciler.turn()
+    assert sorted(name for name, _, _ in ensured) == [f"m{i}" for i in range(6)]
+    assert ("node-00", True) not in {(node, ready) for _, node, ready in ensured}
+
+
+async def test_a_turn_whose_inputs_did_not_change_makes_no_plan() -> None:
+    kube, agents, cache = FakeKube(), FakeAgents(), Cache()
+    kube.swapnodes, kube.leases = kube.swapnodes[:2], kube.leases[:2]
+    reconciler = reconciler_over(kube, agents, cache)
+    cache.complete_deployments([deployment(i) for i in range(6)])
+    cache.complete_swapnodes(kube.swapnodes)
+
+    def plans() -> float:
+        name = "modelswap_operator_plan_duration_seconds_count"
+        return reconciler.metrics.registry.get_sample_value(name) or 0
+
+    await reconciler.turn()
+    await reconciler.turn()  # the first plan's placements are this one's assignments
+    made = plans()
+    assert made == 2
+    await reconciler.turn()
+    assert plans() == made  # nothing changed
+    heard = dict(kube.swapnodes[1], metadata={"name": "node-01", "resourceVersion": "2"})
+    cache.complete_swapnodes([kube.swapnodes[0], heard])  # a new body, the same node
+    await reconciler.turn()
+    assert plans() == made
+    cache.put_deployment(deployment(6))
+    await reconciler.turn()
+    assert plans() == made + 1
+    assert kube.statuses["m6"].get("node")
+    kube.leases[0] = {"metadata": {"name": "node-00"},
+                      "spec": {"renewTime": "2000-01-01T00:00:00.000000Z"}}  # fmt: skip
+    await reconciler.turn()
+    assert plans() == made + 2
+    assert {status["node"] for status in kube.statuses.values()} == {"node-01"}
