@@ -368,10 +368,12 @@ class Reconciler:
             started = time.monotonic()
             plan = planner.plan_views(views, active, assignments, self.settings.defaults)
             self.metrics.plan_seconds.observe(time.monotonic() - started)
-            self._last_plan = _Planned(views, active, assignments, plan)
-        self._assignments = {
-            uid: planner.Assignment(node=p.node, gpu=p.gpu) for uid, p in plan.placed.items()
-        }
+            self._assignments = {
+                uid: planner.Assignment(node=p.node, gpu=p.gpu) for uid, p in plan.placed.items()
+            }
+        # this turn's inputs are kept even when they equal the last: the next turn's
+        # assignments are then these very objects, compared by identity, not field by field
+        self._last_plan = _Planned(views, active, assignments, plan)
         verdicts = {}
         for uid, p in plan.placed.items():
             verdicts[uid] = Verdict(node=p.node, gpu=p.gpu, policy=p.policy, reason=p.reason,
