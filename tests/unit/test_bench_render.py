@@ -202,9 +202,9 @@ def test_compare_rows_name_every_path_the_speedups_and_a_missed_target() -> None
     assert "| 1024 MiB | 210.0 ms | 150.0 ms | 840.0 ms | 315.0 ms | 4.0 | 1.50 |" in row
     verdict = next(line for line in section.splitlines() if line.startswith("| big: >= 5x"))
     assert "| 4.00 | **MISSED** |" in verdict
-    # a busy machine is said so beside its figures
+    # a high load at the start is said so beside the figures
     assert "at start 3.50, 3.00, 2.00; at end 0.40, 1.00, 1.50 (2 CPUs)" in section
-    assert "**The machine was busy**" in section
+    assert "**The 1-minute load was above 1 at the start**" in section
 
 
 def test_gateway_section_states_added_latency_against_both_targets() -> None:
@@ -280,3 +280,14 @@ def test_the_twin_result_renders_each_run_and_both_verdicts() -> None:
     assert "| 1 | 4 (4) | 2 / 1 | 2 / 1 |" in section and "| **no** |" in section
     assert "swap counts equal in every run" in section and "**MISSED**" in section
     assert "median swap-in real vs simulated within max(20 %, 20 ms)" in section
+
+
+def test_a_high_load_only_at_the_end_is_the_bench_s_own_and_warns_of_nothing() -> None:
+    quiet_start = {
+        **compare_doc(),
+        "load_average": {"start": [0.3, 0.5, 0.8], "end": [1.9, 1.2, 1.0]},
+    }
+    page = render.render([doc("swap"), quiet_start])
+    section = page[page.index("## `compare` on") :]
+    assert "at start 0.30, 0.50, 0.80; at end 1.90, 1.20, 1.00 (2 CPUs)" in section
+    assert "1-minute load was above" not in section
