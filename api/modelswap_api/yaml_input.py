@@ -141,6 +141,14 @@ def _check_events(text: str) -> None:
                     f"{where}: more than {MAX_YAML_NODES} nodes in one file (MAX_YAML_NODES)"
                 )
     except yaml.YAMLError as e:
+        if "exceeded maximum nesting depth" in str(e):
+            # LibYAML from PyYAML 6.0.4 on refuses flow nesting past 1,000 while scanning
+            # ahead, before the parser hands over the 65th level: the same refusal.
+            mark = getattr(e, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else 1
+            raise YamlInputError(
+                f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
+            ) from e
         raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
     finally:
         loader.dispose()
@@ -201,6 +209,14 @@ def load_text(text: str) -> list[Any]:
     except YamlInputError:
         raise
     except yaml.YAMLError as e:
+        if "exceeded maximum nesting depth" in str(e):
+            # LibYAML from PyYAML 6.0.4 on refuses flow nesting past 1,000 while scanning
+            # ahead, before the parser hands over the 65th level: the same refusal.
+            mark = getattr(e, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else 1
+            raise YamlInputError(
+                f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
+            ) from e
         raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
     finally:
         loader.dispose()

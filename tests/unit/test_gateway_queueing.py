@@ -144,6 +144,24 @@ async def test_a_timed_out_waiter_leaves_and_the_swap_in_goes_on() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_timer_firing_before_the_deadline_does_not_let_a_waiter_through() -> None:
+    # uvloop starts timers from its cached millisecond clock, so a wait may end a little
+    # before the clock reads the deadline: the waiter must wait on, not return as released.
+    readings = iter(index * 0.02 for index in range(1_000))
+    model = route("llama", queue_timeout_seconds=0.05)
+    directory = FakeDirectory([model])
+    directory.hold(model.uid)
+    queues = SwapInQueues(directory, retry_after_seconds=2, now=lambda: next(readings))
+    ticket = queues.enter(model)
+    assert ticket is not None
+    with pytest.raises(QueueTimeoutError):
+        await asyncio.wait_for(waiting(ticket), 10)
+    assert queues.swap_in_running(model.uid)
+    directory.release(model.uid)
+    await until_on_loop(lambda: directory.completed[model.uid] == 1, "the swap-in to complete")
+
+
+@pytest.mark.asyncio
 async def test_ticks_let_a_waiter_report_progress() -> None:
     model = route("llama", queue_timeout_seconds=None)
     directory = FakeDirectory([model])

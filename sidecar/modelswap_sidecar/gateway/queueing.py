@@ -93,18 +93,23 @@ class Ticket:
     async def wait(self, tick_seconds: float | None = None) -> bool:
         """True once released; False when `tick_seconds` passed first (wait again).
         Raises QueueTimeoutError past the deadline, SwapInFailedError if the swap-in failed."""
-        if not self._outcome.done():
-            timeout = tick_seconds
-            if self.deadline is not None:
-                remaining = max(0.0, self.deadline - self._owner.now())
-                timeout = remaining if timeout is None else min(timeout, remaining)
-            await asyncio.wait({self._outcome}, timeout=timeout)
+        now = self._owner.now()
+        tick_end = None if tick_seconds is None else now + tick_seconds
+        # A loop, not one wait: a timer may fire a little before the clock reads its time
+        # (uvloop keeps whole milliseconds), and returning then would let a request
+        # without ticks through before its model is resident.
+        while not self._outcome.done():
+            ends = [end for end in (self.deadline, tick_end) if end is not None]
+            if ends and now >= min(ends):
+                break
+            await asyncio.wait({self._outcome}, timeout=min(ends) - now if ends else None)
+            now = self._owner.now()
         if self._outcome.done():
             error = self._outcome.result()
             if error is not None:
                 raise error
             return True
-        if self.deadline is not None and self._owner.now() >= self.deadline:
+        if self.deadline is not None and now >= self.deadline:
             self._finish(TIMED_OUT)
             self._owner.observer.refused(self.route, QueueTimeoutError.reason)
             timeout_seconds = self.route.queue_timeout_seconds
