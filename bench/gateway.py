@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import statistics
@@ -173,8 +174,6 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             p50_added_seconds=p["gateway"][0] - p["direct"][0],
             p99_added_seconds=p["gateway"][1] - p["direct"][1],
         )
-        results_schema.target(added, "p50_added_seconds", "<=", 0.001, "gateway added p50 <= 1 ms")
-        results_schema.target(added, "p99_added_seconds", "<=", 0.005, "gateway added p99 <= 5 ms")
         rows.append(added)
         print(
             f"open loop {rate:.0f} req/s: p50 added "
@@ -200,6 +199,21 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
                 p50_gateway_seconds=pl["gateway"][0],
             )
         )  # fmt: skip
+        why = (
+            f"at {rate:.0f} requests/s the direct path's own p50 is {p['direct'][0] * 1e3:.1f} ms "
+            f"and its p99 {p['direct'][1] * 1e3:.1f} ms: the load generator, Triton and the "
+            f"gateway share {os.cpu_count()} CPUs, and a request through the gateway wakes one "
+            f"process more. At {light:.0f} requests/s the gateway added p50 "
+            f"{(pl['gateway'][0] - pl['direct'][0]) * 1e3:.2f} ms and p99 "
+            f"{(pl['gateway'][1] - pl['direct'][1]) * 1e3:.2f} ms. Its own CPU per request, "
+            "and where it goes: the profile in the notes above."
+        )
+        results_schema.target(
+            added, "p50_added_seconds", "<=", 0.001, "gateway added p50 <= 1 ms", why=why
+        )
+        results_schema.target(
+            added, "p99_added_seconds", "<=", 0.005, "gateway added p99 <= 5 ms", why=why
+        )
         print(
             f"open loop {light:.0f} req/s: p50 added "
             f"{(pl['gateway'][0] - pl['direct'][0]) * 1e3:.2f} ms, p99 added "

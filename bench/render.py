@@ -267,7 +267,13 @@ def _target_lines(doc: dict[str, Any]) -> list[str]:
             f"{_fmt_value(t['measured'], t['metric'])} | "
             f"{'met' if t['verdict'] == 'met' else '**MISSED**'} |"
         )
-    return [*lines, ""]
+    lines.append("")
+    for t in targets:
+        if t["verdict"] != "met" and t.get("why"):
+            lines.append(f"- Why *{t['what']}* was missed: {t['why']}")
+    if lines[-1]:
+        lines.append("")
+    return lines
 
 
 def _fmt_value(value: float, metric: str) -> str:

@@ -97,20 +97,26 @@ def spread(samples: list[float]) -> dict[str, float]:
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
 
 
-def target(row: dict[str, Any], metric: str, op: str, goal: float, what: str) -> dict[str, Any]:
+def target(
+    row: dict[str, Any], metric: str, op: str, goal: float, what: str, *, why: str = ""
+) -> dict[str, Any]:
     """Attach a target to `row`: its `metric` (or "median") against `goal`; the verdict is
-    computed here, never written by hand. Returns the row."""
+    computed here, never written by hand. `why`: where a miss comes from, told in the
+    run's own figures (kept, and rendered, only when the target is missed). Returns the
+    row."""
     measured = row["median"] if metric == "median" else row["metrics"][metric]
-    row.setdefault("targets", []).append(
-        {
-            "what": what,
-            "metric": metric,
-            "op": op,
-            "goal": goal,
-            "measured": measured,
-            "verdict": "met" if _OPS[op](measured, goal) else "missed",
-        }
-    )
+    met = _OPS[op](measured, goal)
+    entry = {
+        "what": what,
+        "metric": metric,
+        "op": op,
+        "goal": goal,
+        "measured": measured,
+        "verdict": "met" if met else "missed",
+    }
+    if why and not met:
+        entry["why"] = why
+    row.setdefault("targets", []).append(entry)
     return row
 
 

@@ -83,6 +83,28 @@ def _pool_full(allocator: SimAllocator) -> None:
         raise RuntimeError("sim pool did not refill")
 
 
+class PhaseClock:
+    """The engine's checkpoint hook, used as a stopwatch: the time each named point was
+    passed, so a swap-in splits into allocating (chunks made and exported), the `map`
+    round trip (the client mapped them, no access yet) and the `restore` round trip
+    (access granted, bytes copied, reply), without a profiler slowing what it watches."""
+
+    def __init__(self) -> None:
+        self.passed: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        self.passed[name] = time.perf_counter()
+
+    def swap_in_phases(self, started: float, ended: float) -> tuple[float, float, float]:
+        """(allocate, map round trip, restore round trip) seconds of the swap-in that ran
+        from `started` to `ended`."""
+        allocated = self.passed["swap_in.allocated"]
+        mapped = self.passed["swap_in.mapped"]
+        if not started <= allocated <= mapped <= ended:
+            raise RuntimeError("the swap-in passed its checkpoints out of order")
+        return allocated - started, mapped - allocated, ended - mapped
+
+
 #: the ways the ceiling tries to move the bytes (each with 1..cores threads): one mapping of
 #: the model's size; one mapping per engine-sized chunk, each mapped and copied by one of the
 #: threads; or one extra thread mapping the chunks in order while the threads copy each as
@@ -341,7 +363,8 @@ def run_size(
     allocator = SimAllocator(capacities_bytes=[size], pool_chunk_bytes=POOL_CHUNK_BYTES)
     store = HostStore(workdir / f"store-{size}", {0: size})
     voucher = RegisteredVoucher()
-    engine = Engine(allocator, store, voucher, EngineSettings())
+    clock = PhaseClock()
+    engine = Engine(allocator, store, voucher, EngineSettings(), checkpoint=clock)
     engine.add_model(ModelConfig("bench", 0))
     sock = workdir / f"agent-{size}.sock"
     server = EngineServer(engine, sock)
@@ -379,6 +402,8 @@ def run_size(
         by_means: dict[tuple[int, str], list[float]] = {m: [] for m in means}
         baselines: list[float] = []
         source_maps: list[float] = []
+        phases: list[tuple[float, float, float]] = []
+        client_copies: list[float] = []
         # one untimed cycle first: the client maps its host copy once (it keeps that
         # mapping between swap-ins) and every later cycle is the steady state
         engine.swap_out("bench")
@@ -411,7 +436,10 @@ def run_size(
             _pool_full(allocator)
             t = time.perf_counter()
             engine.swap_in("bench")
-            ins.append(time.perf_counter() - t)
+            ended = time.perf_counter()
+            ins.append(ended - t)
+            phases.append(clock.swap_in_phases(t, ended))
+            client_copies.append(engine.status("bench").last_swap_in_copy.seconds)
         profile_text = ""
         if profile:
             profile_text = _profile_swap_in(engine, allocator, PROFILE_CYCLES)
@@ -464,6 +492,7 @@ def run_size(
     swap_out_row = results_schema.result(
         "swap_out", params, outs, throughput_bytes_per_second=size / med_out
     )
+    phase_metrics = _phase_metrics(phases, client_copies)
     if pace_bytes_per_second <= 0:
         swap_in_row = results_schema.result(
             "swap_in",
@@ -477,6 +506,7 @@ def run_size(
                 c / i for c, i in zip(ceilings, ins, strict=True)
             ),
             paired_ratio_to_sync_baseline=paired_sync,
+            **phase_metrics,
         )
         results_schema.target(
             swap_in_row,
@@ -484,6 +514,9 @@ def run_size(
             ">=",
             0.9,
             f"sim swap-in at {size // MIB} MiB >= 0.9 of the same-run ceiling",
+            why=_why_short_of_ceiling(
+                med_in, phase_metrics, by_means, med_ceiling, machine_row["params"]["best_means"]
+            ),
         )
         return [
             swap_in_row,
@@ -516,6 +549,7 @@ def run_size(
             ratio_to_sync_baseline=med_base / med_in,
             link_seconds=link_seconds,
             paired_ratio_to_sync_baseline=paired_sync,
+            **phase_metrics,
         ),
         swap_out_row,
         machine_row,
@@ -523,6 +557,43 @@ def run_size(
             "sync_one_at_a_time", paced, baselines, throughput_bytes_per_second=size / med_base
         ),
     ]
+
+
+def _phase_metrics(
+    phases: list[tuple[float, float, float]], client_copies: list[float]
+) -> dict[str, float]:
+    """Medians of where the swap-ins' time went (see PhaseClock); `client_copy_seconds`
+    is the client's own measure of its restore (access granted and bytes copied), so the
+    restore round trip less it is the messages' and the threads' hand-offs."""
+    allocate, map_trip, restore_trip = (statistics.median(p) for p in zip(*phases, strict=True))
+    return {
+        "allocate_seconds": allocate,
+        "map_round_trip_seconds": map_trip,
+        "restore_round_trip_seconds": restore_trip,
+        "client_copy_seconds": statistics.median(client_copies),
+    }
+
+
+def _why_short_of_ceiling(
+    swap_in_seconds: float,
+    phases: dict[str, float],
+    by_means: dict[tuple[int, str], list[float]],
+    ceiling_seconds: float,
+    best_means: str,
+) -> str:
+    """Where the swap-in's time went against the ceiling, in this run's medians."""
+    threads = max(t for t, _ in by_means)
+    pipelined = statistics.median(by_means[(threads, "pipelined")])
+    return (
+        f"the swap-in took {swap_in_seconds * 1e3:.1f} ms: allocating "
+        f"{phases['allocate_seconds'] * 1e3:.1f} ms, the map round trip "
+        f"{phases['map_round_trip_seconds'] * 1e3:.1f} ms, the restore round trip "
+        f"{phases['restore_round_trip_seconds'] * 1e3:.1f} ms, of which the client granted "
+        f"access and copied for {phases['client_copy_seconds'] * 1e3:.1f} ms. The ceiling's "
+        f"run of that same pipeline (copy_{threads}t_pipelined) took {pipelined * 1e3:.1f} ms, "
+        f"its fastest means ({best_means}) {ceiling_seconds * 1e3:.1f} ms; 0.9 of the "
+        f"ceiling leaves {ceiling_seconds / 0.9 * 1e3:.1f} ms for the whole swap-in."
+    )
 
 
 NOTES = [
@@ -561,6 +632,12 @@ NOTES = [
     "streams memmove each granted chunk from the host copy (pipelined), replies. swap_out "
     "= quiesce, unmap, release (weights are clean); it is dominated by the kernel freeing "
     "the chunks' pages when the agent closes the last fd.",
+    "Where each timed swap-in's time went (medians, from the engine's checkpoints, no "
+    "profiler): allocate_seconds (chunks made and exported), map_round_trip_seconds (the "
+    "map message until the client's reply), restore_round_trip_seconds (the restore "
+    "message until the swap-in returned), and client_copy_seconds, the client's own "
+    "measure of that restore (access granted and every byte copied): the restore round "
+    "trip less it is the two messages and the threads' hand-offs.",
 ]
 
 
@@ -628,7 +705,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{' SCALED' if pace else ''}, "
                 f"{r['ratio_to_ceiling']:.2f}x {'link' if pace else 'ceiling'}, "
                 f"{r['ratio_to_sync_baseline']:.2f}x sync)  "
-                f"swap-out {rows[1]['median'] * 1e3:7.1f} ms",
+                f"swap-out {rows[1]['median'] * 1e3:7.1f} ms; swap-in's map round trip "
+                f"{r['map_round_trip_seconds'] * 1e3:.1f} ms, restore round trip "
+                f"{r['restore_round_trip_seconds'] * 1e3:.1f} ms (the client's copy "
+                f"{r['client_copy_seconds'] * 1e3:.1f} ms)",
                 flush=True,
             )
         if not pace:

@@ -43,6 +43,17 @@ def test_compare_measures_every_path_for_every_model() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_swap_splits_each_swap_in_and_fits_the_fixed_cost() -> None:
+    out = _run(["bench.swap", "--sizes-mib", "32,64", "--reps", "2"], 280)
+    for mib in (32, 64):
+        line = next(x for x in out.splitlines() if x.startswith(f"{mib:5d} MiB  swap-in"))
+        assert "map round trip" in line and "restore round trip" in line
+        assert "the client's copy" in line
+    assert "fixed cost per swap-in" in out
+    assert not list(Path("/dev/shm").glob("modelswap-bench-*"))
+
+
+@pytest.mark.timeout(300)
 def test_gateway_reports_each_figure() -> None:
     out = _run(
         ["bench.gateway", "--window-seconds", "0.5", "--windows", "1", "--open-seconds", "2",

@@ -53,6 +53,29 @@ def test_fixed_cost_is_the_intercept_of_both_lines() -> None:
     assert m["swap_in_marginal_bytes_per_second"] == pytest.approx(8e9)
 
 
+def test_the_phase_clock_splits_a_swap_in_at_its_checkpoints() -> None:
+    clock = swap.PhaseClock()
+    clock.passed.update({"swap_in.allocated": 10.001, "swap_in.mapped": 10.003})
+    assert clock.swap_in_phases(10.0, 10.010) == pytest.approx((0.001, 0.002, 0.007))
+    with pytest.raises(RuntimeError, match="out of order"):
+        clock.swap_in_phases(10.004, 10.010)  # checkpoints of an earlier swap-in
+
+
+def test_a_miss_of_the_ceiling_says_where_the_time_went() -> None:
+    phases = {
+        "allocate_seconds": 0.0002,
+        "map_round_trip_seconds": 0.001,
+        "restore_round_trip_seconds": 0.0165,
+        "client_copy_seconds": 0.0155,
+    }
+    by_means = {(1, "pipelined"): [0.016], (2, "pipelined"): [0.0146, 0.0150, 0.0140]}
+    why = swap._why_short_of_ceiling(0.0177, phases, by_means, 0.013, "2 thread(s), chunks")
+    assert "took 17.7 ms: allocating 0.2 ms, the map round trip 1.0 ms" in why
+    assert "restore round trip 16.5 ms, of which the client granted access and copied" in why
+    assert "(copy_2t_pipelined) took 14.6 ms" in why
+    assert "(2 thread(s), chunks) 13.0 ms; 0.9 of the ceiling leaves 14.4 ms" in why
+
+
 def test_the_big_model_carries_the_mlp_weights_and_its_sampled_checksum(tmp_path: Path) -> None:
     size = 4 * MIB + 4096
     folder = local_node.make_big_model(tmp_path, size)
