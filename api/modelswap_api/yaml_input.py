@@ -141,17 +141,22 @@ def _check_events(text: str) -> None:
                     f"{where}: more than {MAX_YAML_NODES} nodes in one file (MAX_YAML_NODES)"
                 )
     except yaml.YAMLError as e:
-        if "exceeded maximum nesting depth" in str(e):
-            # LibYAML from PyYAML 6.0.4 on refuses flow nesting past 1,000 while scanning
-            # ahead, before the parser hands over the 65th level: the same refusal.
-            mark = getattr(e, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else 1
-            raise YamlInputError(
-                f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
-            ) from e
-        raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
+        raise _refusal(e) from e
     finally:
         loader.dispose()
+
+
+def _refusal(e: yaml.YAMLError) -> YamlInputError:
+    """The refusal of a file PyYAML could not read, naming the problem and its line."""
+    if "exceeded maximum nesting depth" in str(e):
+        # LibYAML from PyYAML 6.0.4 on refuses flow nesting past 1,000 while scanning ahead,
+        # before the parser hands over the 65th level: the same refusal as ours.
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        return YamlInputError(
+            f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
+        )
+    return YamlInputError(f"cannot read YAML: {_one_line(e)}")
 
 
 def _children(node: Node) -> list[Node]:
@@ -209,15 +214,7 @@ def load_text(text: str) -> list[Any]:
     except YamlInputError:
         raise
     except yaml.YAMLError as e:
-        if "exceeded maximum nesting depth" in str(e):
-            # LibYAML from PyYAML 6.0.4 on refuses flow nesting past 1,000 while scanning
-            # ahead, before the parser hands over the 65th level: the same refusal.
-            mark = getattr(e, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else 1
-            raise YamlInputError(
-                f"line {line}: nested deeper than {MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH)"
-            ) from e
-        raise YamlInputError(f"cannot read YAML: {_one_line(e)}") from e
+        raise _refusal(e) from e
     finally:
         loader.dispose()
 
