@@ -9,6 +9,7 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e '.[dev]'
+# the versions the tests last passed on (constraints.txt; `make constraints` moves them on)
+"$venv/bin/python" -m pip install --quiet -c constraints.txt -e '.[dev]'
 "$venv/bin/python" tools/install_kube_tools.py "$venv/bin"
 "$venv/bin/python" tools/install_triton.py --python "$python" --venv .venv-triton
