@@ -628,8 +628,9 @@ NOTES = [
     "the median of the per-repetition ratios (each pair measured side by side).",
     "swap_in = engine.swap_in(): allocate from the pre-populated pool, export fds over "
     "SCM_RIGHTS, client maps them PROT_NONE at its reserved addresses (one message), then "
-    "(second message) grants access chunk by chunk (sim: re-map MAP_POPULATE) while 2 copy "
-    "streams memmove each granted chunk from the host copy (pipelined), replies. swap_out "
+    "(second message) queues chunk i's grant (sim: re-map MAP_POPULATE) and then its "
+    "memmoves from the host copy on copy stream i mod 2, so the 2 streams grant and copy "
+    "their own chunks side by side, replies. swap_out "
     "= quiesce, unmap, release (weights are clean); it is dominated by the kernel freeing "
     "the chunks' pages when the agent closes the last fd.",
     "Where each timed swap-in's time went (medians, from the engine's checkpoints, no "

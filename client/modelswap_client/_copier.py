@@ -117,15 +117,18 @@ class Copier:
     def restore(self, message: Message) -> Restored:
         """Grant access chunk by chunk and copy each host copy in right behind it.
 
-        Access is set per mapping (chunk) and that chunk's copies are queued at once, so
-        the copy streams move chunk i while this thread grants access to chunk i+1 (for
-        the sim mapper, granting access populates the page tables: the two overlap).
+        Chunk i's grant goes on copy stream i mod streams (`set_access_on_stream`). Where
+        the grant is still queued (the sim mapper: granting populates the page tables),
+        that chunk's pieces follow it on the same stream, so each stream grants and copies
+        its own chunks and the grants run side by side. Where it was granted at once
+        (CUDA), the pieces spread over every stream while this thread grants the next.
         """
         mapper = self._mapper
         buffers = []
         events: list[CopyEvent] = []
         result: dict[str, str] = {}
         streams = mapper.stream_count()
+        chunks = 0
         queued = 0
         copied_bytes = 0
         started = time.perf_counter()
@@ -143,13 +146,20 @@ class Copier:
                     host = mapper.map_host(fd, int(rd["bytes"]), writable=False)
                     buffers.append(host)
                 for offset, size, _ in sorted(r.handles, key=lambda h: h[0]):
-                    mapper.set_access(r.address + offset, size, writable=True)
+                    stream = chunks % streams
+                    chunks += 1
+                    granted = mapper.set_access_on_stream(r.address + offset, size, stream)
+                    events.append(granted)
                     if host is None:
                         continue
+                    anywhere = granted.query()  # granted already: any stream may copy it
                     for off, n in self._pieces(offset, size):
                         events.append(
                             mapper.copy_to_device(
-                                r.address + off, host.address + off, n, queued % streams
+                                r.address + off,
+                                host.address + off,
+                                n,
+                                queued % streams if anywhere else stream,
                             )
                         )
                         queued += 1

@@ -13,7 +13,7 @@ import pytest
 from modelswap_api.wire import ErrorCode, Message, Op, RegionKind
 from modelswap_client._copier import Copier
 from modelswap_client.errors import ClientError
-from modelswap_client.mappers.base import Handle, HostBuffer, MapperError
+from modelswap_client.mappers.base import CopyEvent, Handle, HostBuffer, Mapper, MapperError
 from modelswap_client.mappers.sim import SimMapper
 from modelswap_client.regions import Regions, RegionSpec
 
@@ -28,16 +28,49 @@ class CountingSim(SimMapper):
         self.host_maps = 0
         self.fail_export_at: int | None = None
         self.exports = 0
+        #: "queued": every grant reads as still queued when it returns (what a sim grant
+        #: usually is); "at once": granted synchronously, as CUDA's cuMemSetAccess is
+        self.grants_read_as = ""
+        self.grant_streams: dict[int, int] = {}  # chunk address → its grant's stream
+        self.copy_streams: dict[int, int] = {}  # piece address → its copy's stream
 
     def map_host(self, fd: int, size_bytes: int, *, writable: bool = False) -> HostBuffer:
         self.host_maps += 1
         return super().map_host(fd, size_bytes, writable=writable)
+
+    def set_access_on_stream(
+        self, address: int, size_bytes: int, stream: int = 0, *, writable: bool = True
+    ) -> CopyEvent:
+        self.grant_streams[address] = stream
+        if self.grants_read_as == "at once":
+            return Mapper.set_access_on_stream(self, address, size_bytes, stream)
+        event = super().set_access_on_stream(address, size_bytes, stream, writable=writable)
+        if self.grants_read_as == "queued":
+            event.wait(10)
+            return _ReadsQueued()
+        return event
+
+    def copy_to_device(
+        self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
+    ) -> CopyEvent:
+        self.copy_streams[dst_address] = stream
+        return super().copy_to_device(dst_address, src_address, size_bytes, stream)
 
     def export_fd(self, handle: Handle) -> int:
         self.exports += 1
         if self.exports == self.fail_export_at:
             raise MapperError("export refused (test)")
         return super().export_fd(handle)
+
+
+class _ReadsQueued(CopyEvent):
+    """A grant that finished but reads as still queued, so the copier's choice is seen."""
+
+    def query(self) -> bool:
+        return False
+
+    def wait(self, timeout_seconds: float | None = None) -> None:
+        return None
 
 
 def memfd(size_bytes: int, fill: bytes = b"") -> int:
@@ -160,6 +193,29 @@ def test_a_swap_cycle_moves_every_byte_in_pieces_over_the_streams(
     for fd in (weights, kv, saved):
         os.close(fd)
     copier.drop_weight_sources()
+
+
+@pytest.mark.parametrize("grants", ["queued", "at once"])
+def test_a_chunks_pieces_follow_its_grant_unless_access_was_granted_at_once(
+    sim: CountingSim, regions: Regions, grants: str
+) -> None:
+    sim.grants_read_as = grants
+    copier = Copier(sim, regions, copy_piece_bytes=1 * MIB)
+    copier.map(map_message(regions, 2 * MIB))
+    weights = memfd(8 * MIB, b"w")
+    body = {"regions": [{"tag": "w", "fd": 0, "bytes": 8 * MIB}]}
+    copier.restore(Message(Op.RESTORE, 2, 1, body, [os.dup(weights)]))
+    base = regions["w"].address
+    chunks = [base + i * 2 * MIB for i in range(4)]
+    assert [sim.grant_streams[c] for c in chunks] == [0, 1, 0, 1]  # chunk i on stream i % 2
+    pieces = [sim.copy_streams[c + i * MIB] for c in chunks for i in range(2)]
+    if grants == "queued":  # each chunk's pieces wait behind its grant, on its stream
+        assert pieces == [0, 0, 1, 1, 0, 0, 1, 1]
+    else:  # granted already: the pieces spread over every stream
+        assert pieces == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert region_bytes(regions, "w") == b"w" * (8 * MIB)
+    copier.drop_weight_sources()
+    os.close(weights)
 
 
 def test_a_weight_copy_stays_mapped_between_restores_until_its_file_changes(

@@ -2,13 +2,22 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
-from modelswap_client.mappers.base import MapperError, get_mapper
-from modelswap_client.mappers.sim import SimMapper
-from modelswap_sidecar.allocators.base import AllocatorError, Location, get_allocator
+from modelswap_client.mappers.base import (
+    CopyError,
+    Handle,
+    HostBuffer,
+    MapperError,
+    Reservation,
+    get_mapper,
+)
+from modelswap_client.mappers.sim import Pacer, SimMapper
+from modelswap_sidecar.allocators.base import AllocatorError, Chunk, Location, get_allocator
 from modelswap_sidecar.allocators.sim import SimAllocator
 
 MIB = 1 << 20
@@ -85,3 +94,105 @@ def test_capacity_counter_and_adopt(backends: tuple[SimAllocator, SimMapper]) ->
     assert a.pooled_bytes(GPU) == 0
     for c in [*chunks[1:], adopted]:
         a.release(c)
+
+
+class _Gate:
+    """A pacer's sleep that blocks until opened: holds a copy stream busy on cue."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+
+    def sleep(self, seconds: float) -> None:
+        assert self.opened.wait(10), "the test never opened the gate"
+
+
+@dataclass
+class _TwoChunks:
+    """A reservation of two 2 MiB chunks, mapped with no access, and a 2 MiB host buffer."""
+
+    reservation: Reservation
+    pairs: list[tuple[Chunk, Handle]]
+    host: HostBuffer
+    src_fd: int
+
+    @classmethod
+    def map(cls, a: SimAllocator, m: SimMapper) -> _TwoChunks:
+        r = m.reserve(4 * MIB)
+        pairs = []
+        for i in range(2):
+            chunk = a.create(GPU, 2 * MIB)
+            h = m.import_fd(a.export_fd(chunk), 2 * MIB)
+            m.map(r.address + i * 2 * MIB, 2 * MIB, h)
+            pairs.append((chunk, h))
+        src_fd = os.memfd_create("modelswap-test-src")
+        os.ftruncate(src_fd, 2 * MIB)
+        os.pwrite(src_fd, b"\x07" * (2 * MIB), 0)
+        return cls(r, pairs, m.map_host(src_fd, 2 * MIB), src_fd)
+
+    def undo(self, a: SimAllocator, m: SimMapper) -> None:
+        m.synchronize()
+        for i, (chunk, h) in enumerate(self.pairs):
+            m.unmap(self.reservation.address + i * 2 * MIB, 2 * MIB)
+            m.release(h)
+            a.release(chunk)
+        m.free_reservation(self.reservation)
+        m.unmap_host(self.host)
+        os.close(self.src_fd)
+
+
+def test_a_grant_on_a_stream_opens_the_range_to_that_streams_later_copies_only() -> None:
+    gate = _Gate()
+    a = get_allocator("sim", capacities_bytes=[96 * MIB])
+    m = SimMapper(streams=2, pacer=Pacer(1e9, clock=lambda: 0.0, sleep=gate.sleep))
+    assert isinstance(a, SimAllocator)
+    two = _TwoChunks.map(a, m)
+    host = two.host
+    first, second = two.reservation.address, two.reservation.address + 2 * MIB
+    try:
+        m.set_access(first, 2 * MIB)
+        blocker = m.copy_to_device(first, host.address, 2 * MIB, 0)  # holds stream 0
+        granted = m.set_access_on_stream(second, 2 * MIB, 0)
+        assert not granted.query()  # queued behind the blocker
+        with pytest.raises(MapperError, match="not mapped with access"):
+            m.copy_to_device(second, host.address, 2 * MIB, 1)  # another stream: not yet
+        with pytest.raises(MapperError, match="already being granted on stream 0"):
+            m.set_access(second, 2 * MIB)
+        copied = m.copy_to_device(second, host.address, 2 * MIB, 0)  # behind the grant
+        gate.opened.set()
+        for event in (blocker, granted, copied):
+            event.wait(10)
+        assert ctypes.string_at(second, 2 * MIB) == b"\x07" * (2 * MIB)
+        m.copy_to_device(second, host.address, 2 * MIB, 1).wait(10)  # granted: any stream
+    finally:
+        gate.opened.set()
+        two.undo(a, m)
+        m.close()
+        a.close()
+
+
+def test_a_copy_queued_behind_a_failed_grant_fails_and_touches_nothing(
+    backends: tuple[SimAllocator, SimMapper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, m = backends
+    two = _TwoChunks.map(a, m)
+    r, host = two.reservation, two.host
+    try:
+
+        def refuse(mapping: object, prot: int) -> None:
+            raise OSError(12, "Cannot allocate memory (test)")
+
+        monkeypatch.setattr(SimMapper, "_grant", staticmethod(refuse))
+        granted = m.set_access_on_stream(r.address, 2 * MIB, 1)
+        copied = m.copy_to_device(r.address, host.address, 2 * MIB, 1)
+        with pytest.raises(CopyError, match="Cannot allocate memory"):
+            granted.wait(10)
+        with pytest.raises(CopyError, match="not mapped with access"):
+            copied.wait(10)  # it checked again when it ran: no memmove into PROT_NONE
+        with pytest.raises(MapperError, match="not mapped with access"):
+            m.copy_to_device(r.address, host.address, 2 * MIB, 0)
+        monkeypatch.undo()
+        m.set_access(r.address, 2 * MIB)  # nothing left half-granted: a retry works
+        m.copy_to_device(r.address, host.address, 2 * MIB, 0).wait(10)
+        assert ctypes.string_at(r.address, 2 * MIB) == b"\x07" * (2 * MIB)
+    finally:
+        two.undo(a, m)

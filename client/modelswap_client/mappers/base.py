@@ -33,6 +33,8 @@ CUDA-shaped):
 5. `release(handle)` needs the handle to be unmapped everywhere in this process.
 6. Copies are asynchronous and return a `CopyEvent`; `stream` picks one of
    `stream_count()` independent in-order queues. `synchronize()` waits for all of them.
+   `set_access_on_stream` may grant in a stream's order instead of at once: until its
+   event is done, only copies queued after it on that stream may touch the range.
    Device addresses are mapped ranges with access set; host addresses come from
    `map_host` (pinned/registered for the CUDA backends).
 7. `map_host(fd, size, writable=False)` maps a host-store file for copies; a read-only fd
@@ -98,6 +100,19 @@ class CopyEvent(abc.ABC):
         """Block until the copy finished; raise `CopyError` if it failed, TimeoutError on time."""
 
 
+class _Finished(CopyEvent):
+    """The event of work that was done before it was returned (a synchronous grant)."""
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, timeout_seconds: float | None = None) -> None:
+        return None
+
+
+FINISHED: CopyEvent = _Finished()
+
+
 class Mapper(abc.ABC):
     """Reserves, imports, maps and copies for the client library. See the module doc."""
 
@@ -155,6 +170,20 @@ class Mapper(abc.ABC):
     @abc.abstractmethod
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
         """Grant read (and write) access to a mapped range (`cuMemSetAccess`)."""
+
+    def set_access_on_stream(
+        self, address: int, size_bytes: int, stream: int = 0, *, writable: bool = True
+    ) -> CopyEvent:
+        """Grant access in `stream`'s order: copies queued on `stream` after this call see
+        the range accessible; anything else only once the returned event is done.
+
+        CUDA's `cuMemSetAccess` is synchronous, so the default grants now and returns a
+        finished event. The sim mapper queues the grant (its page-table population) on the
+        stream, so grants of different chunks run in parallel with each other and with
+        copies, as mapping and copying do on a machine's threads.
+        """
+        self.set_access(address, size_bytes, writable=writable)
+        return FINISHED
 
     @abc.abstractmethod
     def unmap(self, address: int, size_bytes: int) -> None:

@@ -5,6 +5,11 @@ mapping unmap only, no unmap with copies in flight) so code tested here is CUDA-
 `map` places a chunk PROT_NONE (an access faults, as before `cuMemSetAccess`);
 `set_access` maps it again at the same address with `MAP_SHARED|MAP_FIXED|MAP_POPULATE`
 and the granted protection, so a swap-in walks the page tables once.
+`set_access_on_stream` does that re-map on a copy stream's thread, outside the mapper's
+lock: the copies queued after it on that stream may use the range (they check at run time
+that the grant succeeded, as a CUDA stream stops at its first error), other streams only
+once it is done. Populating is most of a sim swap-in's grant, so grants of different
+chunks then run side by side, each right ahead of its own chunk's copy.
 Pacing (`bandwidth_bytes_per_second`) emulates a link slower than this machine's copy
 ceiling: every copy, on every stream, books its transfer time on one shared `Pacer`
 timeline, so all streams together move at most that many bytes per second (a real link is
@@ -48,6 +53,8 @@ class _Mapping:
     access: int  # _libc.PROT_* bits; PROT_NONE until set_access
     fd: int  # the handle's kept fd (lives until `release`, which needs the range unmapped)
     offset_bytes: int
+    #: (stream, protection) of a grant queued on a stream and not yet run, else None
+    granting: tuple[int, int] | None = None
 
 
 class _Event(CopyEvent):
@@ -70,6 +77,10 @@ class _Event(CopyEvent):
 
 
 _Job = tuple[Callable[[], None], _Event] | None
+
+
+def _nothing() -> None:
+    return None
 
 
 class Pacer:
@@ -326,30 +337,71 @@ class SimMapper(Mapper):
             )
             bisect.insort(self._starts, address)
 
+    def _covering(self, address: int, size_bytes: int) -> list[_Mapping]:
+        """The mappings that make up exactly [address, +size_bytes), in order, none of them
+        with a grant still queued. Called with the lock held."""
+        covered = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
+        cursor = address
+        for m in covered:
+            if m.address != cursor:
+                break
+            cursor = m.address + m.size_bytes
+        if not covered or cursor != address + size_bytes:
+            raise MapperError("set_access must cover whole, contiguous mappings")
+        for m in covered:
+            if m.granting is not None:
+                raise MapperError(
+                    f"access to the mapping at {m.address:#x} is already being granted "
+                    f"on stream {m.granting[0]}"
+                )
+        return covered
+
+    @staticmethod
+    def _grant(m: _Mapping, prot: int) -> None:
+        if m.access == _libc.PROT_NONE:
+            # first access: map the chunk again in place, populated, so copies never fault
+            # (the pool's chunks are zeroed already: this only builds page tables)
+            flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
+            _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
+        else:
+            _libc.mprotect(m.address, m.size_bytes, prot)
+
     def set_access(self, address: int, size_bytes: int, *, writable: bool = True) -> None:
         self._aligned(address, size_bytes)
         prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
         with self._lock:
-            covered = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
-            cursor = address
-            for m in covered:
-                if m.address != cursor:
-                    break
-                cursor = m.address + m.size_bytes
-            if not covered or cursor != address + size_bytes:
-                raise MapperError("set_access must cover whole, contiguous mappings")
-            for m in covered:
-                if m.access == prot:
-                    continue
-                if m.access == _libc.PROT_NONE:
-                    # first access: map the chunk again in place, populated, so copies
-                    # never fault (the pool's chunks are zeroed already: this only
-                    # builds page tables)
-                    flags = _libc.MAP_SHARED | _libc.MAP_FIXED | _libc.MAP_POPULATE
-                    _libc.mmap(m.address, m.size_bytes, prot, flags, m.fd, m.offset_bytes)
-                else:
-                    _libc.mprotect(m.address, m.size_bytes, prot)
-                m.access = prot
+            for m in self._covering(address, size_bytes):
+                if m.access != prot:
+                    self._grant(m, prot)
+                    m.access = prot
+
+    def set_access_on_stream(
+        self, address: int, size_bytes: int, stream: int = 0, *, writable: bool = True
+    ) -> CopyEvent:
+        self._aligned(address, size_bytes)
+        prot = _libc.PROT_READ | (_libc.PROT_WRITE if writable else 0)
+        index = stream % len(self._streams)
+        with self._lock:
+            todo = [m for m in self._covering(address, size_bytes) if m.access != prot]
+            for m in todo:
+                m.granting = (index, prot)
+        if not todo:
+            done = _Event()
+            done.finish()
+            return done
+
+        def work() -> None:
+            try:
+                for m in todo:
+                    self._grant(m, prot)  # outside the lock: other streams go on meanwhile
+                    with self._lock:
+                        m.access = prot
+            finally:
+                with self._lock:
+                    for m in todo:
+                        m.granting = None
+
+        return self._streams[index].submit(work)
 
     def _cover(self, address: int, size_bytes: int) -> None:
         flags = _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_FIXED | _libc.MAP_NORESERVE
@@ -393,18 +445,30 @@ class SimMapper(Mapper):
                 raise MapperError(f"no host buffer at {buffer.address:#x}")
         _libc.munmap(buffer.address, buffer.size_bytes)
 
-    def _check_device(self, address: int, size_bytes: int, prot: int) -> None:
+    def _check_device(
+        self, address: int, size_bytes: int, prot: int, stream: int | None = None
+    ) -> bool:
+        """Raise unless [address, +size_bytes) is mapped with `prot`, or (for a copy on
+        `stream`) is being granted it on that same stream ahead of the copy. True when
+        some of it is still being granted: the copy must check again when it runs."""
+        pending = False
         with self._lock:
             ms = sorted(self._overlapping(address, size_bytes), key=lambda m: m.address)
             cursor = address
             for m in ms:
-                if m.address > cursor or m.access & prot != prot:
+                if m.address > cursor:
                     break
+                if m.access & prot != prot:
+                    queued = m.granting  # (stream, prot) of a grant ahead on a stream
+                    if queued is None or queued[0] != stream or queued[1] & prot != prot:
+                        break
+                    pending = True
                 cursor = m.address + m.size_bytes
             if cursor < address + size_bytes:
                 raise MapperError(
                     f"device range [{address:#x}, +{size_bytes}) is not mapped with access"
                 )
+        return pending
 
     def _check_host(self, address: int, size_bytes: int, writable: bool) -> None:
         with self._lock:
@@ -436,10 +500,13 @@ class SimMapper(Mapper):
         )
         self.bandwidth_bytes_per_second = float(bandwidth_bytes_per_second)
 
-    def _submit(self, stream: int, dst: int, src: int, size_bytes: int) -> CopyEvent:
+    def _submit(
+        self, stream: int, dst: int, src: int, size_bytes: int, recheck: Callable[[], object]
+    ) -> CopyEvent:
         pacer = self.pacer
 
         def work() -> None:
+            recheck()  # a grant queued ahead of this copy may have failed: never fault
             # booked when the copy starts (a stream runs its copies in order), so the
             # memmove's own time counts towards the slot
             deadline = pacer.reserve(size_bytes) if pacer is not None else 0.0
@@ -449,19 +516,30 @@ class SimMapper(Mapper):
 
         return self._streams[stream % len(self._streams)].submit(work)
 
+    def _device_check(
+        self, address: int, size_bytes: int, prot: int, stream: int
+    ) -> Callable[[], object]:
+        """Check the device side now; what the copy calls when it runs (a second check
+        where a grant on its stream was still queued, else nothing)."""
+        index = stream % len(self._streams)
+        if self._check_device(address, size_bytes, prot, index):
+            return lambda: self._check_device(address, size_bytes, prot)
+        return _nothing
+
     def copy_to_device(
         self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
     ) -> CopyEvent:
-        self._check_device(dst_address, size_bytes, _libc.PROT_READ | _libc.PROT_WRITE)
+        rw = _libc.PROT_READ | _libc.PROT_WRITE
+        recheck = self._device_check(dst_address, size_bytes, rw, stream)
         self._check_host(src_address, size_bytes, writable=False)
-        return self._submit(stream, dst_address, src_address, size_bytes)
+        return self._submit(stream, dst_address, src_address, size_bytes, recheck)
 
     def copy_to_host(
         self, dst_address: int, src_address: int, size_bytes: int, stream: int = 0
     ) -> CopyEvent:
-        self._check_device(src_address, size_bytes, _libc.PROT_READ)
+        recheck = self._device_check(src_address, size_bytes, _libc.PROT_READ, stream)
         self._check_host(dst_address, size_bytes, writable=True)
-        return self._submit(stream, dst_address, src_address, size_bytes)
+        return self._submit(stream, dst_address, src_address, size_bytes, recheck)
 
     def synchronize(self) -> None:
         errors = []
