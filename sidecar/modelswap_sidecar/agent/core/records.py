@@ -18,6 +18,9 @@ from modelswap_sidecar.sources.resolver import ResolvedSource
 from modelswap_sidecar.triton.naming import triton_model_name
 
 UNSUPPORTED_RUNTIME = "UnsupportedRuntime"
+#: The reason of a model the runtime serves and that attaches: where its bytes are after
+#: that is the engine's to say (`reports.model_info`).
+LOADED = "Loaded"
 
 
 def user_name_of(entry: DesiredEntry) -> str:
@@ -97,7 +100,7 @@ class AgentModel:
         """(reason, message) once the runtime serves the model: a runtime that cannot
         attach is reported as such, since swaps reload it from its source."""
         if self.attaches:
-            return "Loaded", ""
+            return LOADED, ""
         return UNSUPPORTED_RUNTIME, (
             f"the {self.runtime_backend} backend cannot map modelswap memory: served with "
             "onSwapOut: drop semantics (swap-out unloads it, swap-in reloads it from "

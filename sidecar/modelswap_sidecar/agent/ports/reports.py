@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from modelswap_api.control import ModelInfo, NodeInfo
 from modelswap_api.models import GpuStatus, Link
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, guarded
-from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
+from modelswap_sidecar.agent.core.records import LOADED, AgentModel, user_name_of
 from modelswap_sidecar.engine.core import Engine, ModelStatus
 from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.states import EngineState
@@ -86,6 +86,11 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
     if model.serving is Serving.LOADED and not model.attaches:
         resident = model.hbm_bytes
     message = model.message or (status.reason if status is not None else "")
+    reason = model.reason
+    if reason == LOADED and status is not None and phase != "Resident":
+        # loaded once; since then the engine moved it (a swap, a drop): its phase is the
+        # reason, so a dropped model never reads `Loaded` beside "making room for ..."
+        reason = phase
     return ModelInfo(
         uid=model.uid,
         namespace=model.entry.namespace,
@@ -103,7 +108,7 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         last_swap_in_seconds=(
             status.last_swap_in_seconds if status and status.last_swap_in_seconds else None
         ),
-        reason=model.reason or None,
+        reason=reason or None,
         message=message or None,
     )
 
