@@ -93,7 +93,8 @@ def render_doc(doc: dict[str, Any]) -> list[str]:
         f"- Command: `{doc['command']}`",
         f"- Machine: {m['cpu_model']}, {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB "
         f"memory, GPU: {m['gpu']}; kernel {m.get('kernel', '?')}, Python {m.get('python', '?')}",
-        f"- {backend}; commit `{doc['git_commit'][:12]}`; recorded {doc['recorded_at']}",
+        f"- {backend}; commit `{doc['git_commit'][:12]}`{_uncommitted(doc)}; "
+        f"recorded {doc['recorded_at']}",
         "",
     ]
     lines += _load_lines(doc)
@@ -230,6 +231,14 @@ def _sim_grid_table(doc: dict[str, Any]) -> list[str]:
 
 #: benches whose results need their own table; the rest use the swap table
 _TABLES = {"planner": _planner_table, "sim": _sim_table, "sim-grid": _sim_grid_table}
+
+
+def _uncommitted(doc: dict[str, Any]) -> str:
+    """Beside the commit: the files the run's tree had changed since it, if any."""
+    changed = doc.get("git_uncommitted") or []
+    if not changed:
+        return ""
+    return " **plus uncommitted changes to " + ", ".join(f"`{p}`" for p in changed) + "**"
 
 
 def _load_lines(doc: dict[str, Any]) -> list[str]:

@@ -7,7 +7,7 @@
       "command": "make bench-swap",
       "machine_class": "amd-epyc-2cpu-nogpu",
       "machine": {"cpu_model": ..., "cpus": 2, "memory_bytes": ..., "gpu": "none"},
-      "git_commit": "...", "recorded_at": "2025-01-01T00:00:00Z",
+      "git_commit": "...", "git_uncommitted": [], "recorded_at": "2025-01-01T00:00:00Z",
       "backend": "sim", "scaled": false, "scaled_target_bytes_per_second": null,
       "notes": ["definitions of ceilings and baselines", ...],
       "results": [
@@ -16,6 +16,10 @@
          "ratio_to_ceiling": ..., "ratio_to_sync_baseline": ...}}
       ]
     }
+
+`git_uncommitted` lists the tracked files that differed from that commit when the bench
+ran (results and docs/BENCHMARKS.md, which the benches write, left out): a figure from a
+tree with uncommitted changes says so beside its commit.
 
 `scaled` is true when copies were paced to an emulated link (the sim backend's pacing)
 rather than measured at the hardware's own speed; `scaled_target_bytes_per_second` is then
@@ -120,6 +124,28 @@ def target(
     return row
 
 
+#: what the benches write themselves: never an uncommitted change to a figure's code
+_WRITTEN_BY_BENCHES = ("bench/results/", "docs/BENCHMARKS.md", "docs/img/")
+
+
+def git_state(cwd: Path | None = None) -> tuple[str, list[str]]:
+    """(HEAD's commit, the tracked files changed since it, bench outputs left out); ("", [])
+    outside a git checkout."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], capture_output=True, text=True, check=False, cwd=cwd
+            )
+        except OSError:
+            return ""
+        return done.stdout if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD").strip()
+    changed = git("diff", "--name-only", "HEAD").split()
+    return commit, sorted(p for p in changed if not p.startswith(_WRITTEN_BY_BENCHES))
+
+
 def write(
     bench: str,
     command: str,
@@ -134,12 +160,7 @@ def write(
     if scaled != (scaled_target_bytes_per_second is not None):
         raise ValueError("a scaled result names its target bandwidth, an unscaled one none")
     m = machine()
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    commit, uncommitted = git_state()
     doc = {
         "schema": SCHEMA,
         "bench": bench,
@@ -147,6 +168,7 @@ def write(
         "machine_class": machine_class(m),
         "machine": m,
         "git_commit": commit,
+        "git_uncommitted": uncommitted,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "backend": backend,
         "scaled": scaled,

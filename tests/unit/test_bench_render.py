@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,3 +301,29 @@ def test_a_high_load_only_at_the_end_is_the_bench_s_own_and_warns_of_nothing() -
     section = page[page.index("## `compare` on") :]
     assert "at start 0.30, 0.50, 0.80; at end 1.90, 1.20, 1.00 (2 CPUs)" in section
     assert "1-minute load was above" not in section
+
+
+def test_a_result_from_a_tree_with_uncommitted_changes_says_so_beside_its_commit(
+    tmp_path: Path,
+) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for name in ("bench/gateway.py", "bench/results/x.json"):
+        (tmp_path / name).write_text("one\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    commit, changed = results_schema.git_state(tmp_path)
+    assert len(commit) == 40 and changed == []
+    for name in ("bench/gateway.py", "bench/results/x.json"):  # a result is the bench's own
+        (tmp_path / name).write_text("two\n")
+    assert results_schema.git_state(tmp_path) == (commit, ["bench/gateway.py"])
+    assert results_schema.git_state(tmp_path / "bench" / "nowhere") == ("", [])
+
+    dirty = doc("swap") | {"git_uncommitted": ["bench/gateway.py"]}
+    line = next(s for s in render.render([dirty]).splitlines() if "commit `" in s)
+    assert "`000000000000` **plus uncommitted changes to `bench/gateway.py`**" in line
+    clean = next(s for s in render.render([doc("swap")]).splitlines() if "commit `" in s)
+    assert "uncommitted" not in clean
