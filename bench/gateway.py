@@ -139,6 +139,14 @@ async def direct_saturation(
     return max(statistics.median(v) for v in by_c.values()), by_c
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy (every CPU, every process) since boot:
+    /proc/stat's user, nice, system, irq and softirq (not idle, iowait or steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -252,13 +260,21 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             f"{(pl['gateway'][1] - pl['direct'][1]) * 1e3:.2f} ms",
             flush=True,
         )
-        # 3. throughput at 100 concurrent, alternating windows
+        # 3. throughput at 100 concurrent, alternating windows, and the whole machine's CPU
+        # per request in each (with every CPU busy, throughput is CPUs / CPU per request)
         tput: dict[str, list[float]] = {"direct": [], "gateway": []}
+        cpu_per_request: dict[str, list[float]] = {"direct": [], "gateway": []}
+        busy: dict[str, list[float]] = {"direct": [], "gateway": []}
         for _ in range(args.windows):
             for path in ("direct", "gateway"):
+                cpu_before = busy_cpu_seconds()
                 done, elapsed = await closed_loop(session, urls[path], 100, args.window_seconds)
+                used = busy_cpu_seconds() - cpu_before
                 tput[path].append(done / elapsed)
+                cpu_per_request[path].append(used / done)
+                busy[path].append(used / elapsed / (os.cpu_count() or 1))
         ratio = statistics.median(tput["gateway"]) / statistics.median(tput["direct"])
+        cpu = {k: statistics.median(v) for k, v in cpu_per_request.items()}
         trow = results_schema.result(
             "throughput_100_concurrent",
             {"concurrency": 100, "windows": args.windows, "window_seconds": args.window_seconds},
@@ -267,6 +283,11 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             direct_rps=statistics.median(tput["direct"]),
             gateway_rps=statistics.median(tput["gateway"]),
             ratio_to_direct=ratio,
+            direct_cpu_seconds_per_request=cpu["direct"],
+            gateway_cpu_seconds_per_request=cpu["gateway"],
+            cpu_busy_fraction_direct=statistics.median(busy["direct"]),
+            cpu_busy_fraction_gateway=statistics.median(busy["gateway"]),
+            cpu_bound_ratio=cpu["direct"] / cpu["gateway"],
         )
         results_schema.target(
             trow,
@@ -274,6 +295,17 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             ">=",
             0.8,
             "gateway throughput at 100 concurrent >= 0.8 of direct",
+            why=(
+                f"the machine's {os.cpu_count()} CPUs were "
+                f"{statistics.median(busy['direct']):.0%} busy straight to Triton and "
+                f"{statistics.median(busy['gateway']):.0%} through the gateway; a request "
+                f"took {cpu['direct'] * 1e3:.2f} ms of their time straight to Triton and "
+                f"{cpu['gateway'] * 1e3:.2f} ms through the gateway (its process, and one "
+                "more connection for the load generator and the kernel), so with every CPU "
+                f"busy the gateway path serves at most {cpu['direct'] / cpu['gateway']:.2f} "
+                "of the direct throughput on this machine, where the load generator, Triton "
+                "and the gateway share the CPUs."
+            ),
         )
         rows.append(trow)
         print(f"100 concurrent: gateway/direct {ratio:.2f}", flush=True)
@@ -375,7 +407,10 @@ NOTES = [
     "saturation (no target; shown beside the 50% figure to separate the gateway's own "
     "cost from the queueing of a saturated 2-core machine).",
     "throughput_100_concurrent: 100 workers back to back, direct and gateway in "
-    "alternating windows; medians of the windows.",
+    "alternating windows; medians of the windows. Over each window the whole machine's "
+    "busy CPU time (/proc/stat: user, nice, system, irq, softirq) per request answered: "
+    "with every CPU busy, the gateway path can reach at most cpu_bound_ratio = direct CPU "
+    "per request / gateway CPU per request of the direct throughput.",
     "swap_in_control_overhead: the model swapped out (control API, untimed), then one "
     "request through the gateway: its latency minus the agent's swap-in duration for it "
     "(modelswap_swap_in_duration_seconds, from the decision until the model serves) minus "
