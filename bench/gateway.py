@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import random
@@ -35,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +76,31 @@ async def _one(session: aiohttp.ClientSession, url: str) -> float:
     return elapsed
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No garbage collection in this process (the load generator) while a window is timed:
+    a full collection here once took 110 ms in the middle of the open loop, holding every
+    answer back and then sending the arrivals it owed in one burst. What the window left
+    behind is collected after it, untimed."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 async def closed_loop(
     session: aiohttp.ClientSession, url: str, concurrency: int, seconds: float
 ) -> tuple[int, float]:
     """`concurrency` workers back to back for `seconds`: (completed, elapsed seconds)."""
+    with collector_paused():
+        return await _closed_loop(session, url, concurrency, seconds)
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession, url: str, concurrency: int, seconds: float
+) -> tuple[int, float]:
     deadline = time.perf_counter() + seconds
     done = 0
 
@@ -98,21 +122,24 @@ async def open_loop(
     `urls` at random; latencies per path. Arrivals do not wait for answers (open loop)."""
     rng = random.Random(seed)
     latencies: dict[str, list[float]] = {k: [] for k in urls}
-    tasks: list[asyncio.Task[None]] = []
+    pending: set[asyncio.Task[None]] = set()  # only those in flight: none kept once done
 
     async def send(path: str) -> None:
         latencies[path].append(await _one(session, urls[path]))
 
-    start = time.perf_counter()
-    at = 0.0
-    names = sorted(urls)
-    while at < seconds:
-        at += rng.expovariate(rate)
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(send(rng.choice(names))))
-    await asyncio.gather(*tasks)
+    with collector_paused():
+        start = time.perf_counter()
+        at = 0.0
+        names = sorted(urls)
+        while at < seconds:
+            at += rng.expovariate(rate)
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(rng.choice(names)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        await asyncio.gather(*pending)
     return latencies
 
 
@@ -393,7 +420,9 @@ NOTES = [
     "Every answer is checked against examples/models/reference.py.",
     "The load generator (asyncio + aiohttp, one process) runs on the same 2-core machine as "
     "Triton and the agent: it competes with them for CPU, so saturation is the whole "
-    "machine's, not Triton's alone.",
+    "machine's, not Triton's alone. Its garbage collector is paused while a window is "
+    "timed (and run after it): a full collection in it once took 110 ms mid-window, "
+    "holding every answer back and then sending the arrivals it owed in one burst.",
     "direct_saturation: closed loop at 1, 2, 4, 8, 16, 32, 64 concurrent straight to Triton, "
     "one window each, then the 3 best concurrencies again (windows alternating, 3 windows "
     "each in all); the saturation is the best median, a rate the machine sustains "
