@@ -28,6 +28,10 @@ def _run(args: list[str], timeout: float) -> str:
     return done.stdout
 
 
+def _shm(pattern: str) -> set[Path]:
+    return set(Path("/dev/shm").glob(pattern))
+
+
 def _left(pattern: str) -> str:
     found = subprocess.run(["pgrep", "-af", pattern], check=False, capture_output=True, text=True)
     return found.stdout
@@ -44,13 +48,14 @@ def test_compare_measures_every_path_for_every_model() -> None:
 
 @pytest.mark.timeout(300)
 def test_swap_splits_each_swap_in_and_fits_the_fixed_cost() -> None:
+    before = _shm("modelswap-bench-*")  # a bench killed outright elsewhere is not this run's
     out = _run(["bench.swap", "--sizes-mib", "32,64", "--reps", "2"], 280)
     for mib in (32, 64):
         line = next(x for x in out.splitlines() if x.startswith(f"{mib:5d} MiB  swap-in"))
         assert "map round trip" in line and "restore round trip" in line
         assert "the client's copy" in line
     assert "fixed cost per swap-in" in out
-    assert not list(Path("/dev/shm").glob("modelswap-bench-*"))
+    assert not _shm("modelswap-bench-*") - before
 
 
 @pytest.mark.timeout(300)
@@ -78,10 +83,11 @@ def test_operator_scale_gets_a_small_cluster_ready() -> None:
 
 @pytest.mark.timeout(300)
 def test_twin_runs_a_short_scenario_and_replays_it() -> None:
+    before = _shm("modelswap-bench-twin-*")
     out = _run(["bench.twin", "--runs", "1", "--time-scale", "300"], 280)
     line = next(x for x in out.splitlines() if x.startswith("run 0: ") and "requests" in x)
     sent, correct = line.split(" requests (")[0].split()[-1], line.split("(")[1].split()[0]
     assert int(sent) > 0 and sent == correct  # every answer checked and right
     assert "median swap-in: real" in out  # the replay ran and was compared
     assert "modelswap-bench-twin-" not in _left("modelswap-bench-twin-")
-    assert not list(Path("/dev/shm").glob("modelswap-bench-twin-*"))
+    assert not _shm("modelswap-bench-twin-*") - before
