@@ -11,6 +11,7 @@ Counted (the agent calls `NodeMetrics.observe_*` as things happen):
     modelswap_load_duration_seconds{uid,namespace,model}            histogram (load from the source)
     modelswap_unload_duration_seconds{uid,namespace,model}          histogram
     modelswap_triton_restarts_total                                 counter
+    modelswap_agent_event_loop_lag_seconds                          histogram (`agent.loop_lag`)
     modelswap_source_cache_hits_total / _misses_total               counters
 
 Read at scrape time from a provider callable (state, not events):
@@ -55,6 +56,8 @@ logger = logging.getLogger(__name__)
 MODEL_LABELS = ("uid", "namespace", "model")
 SWAP_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LOAD_SECONDS_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+#: from 2.5 ms: uvloop fires timers on whole milliseconds, so up to 1 ms late is its rhythm
+LAG_SECONDS_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 AGE_SECONDS_BUCKETS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
 
 
@@ -153,6 +156,13 @@ class NodeMetrics:
         )
         self.triton_restarts = Counter(
             "modelswap_triton_restarts", "Restarts of tritonserver.", registry=registry
+        )
+        self.loop_lag = Histogram(
+            "modelswap_agent_event_loop_lag_seconds",
+            "How late the agent's event loop ran a timer: every gateway request and control "
+            "call of that moment waited as long.",
+            buckets=LAG_SECONDS_BUCKETS,
+            registry=registry,
         )
         self.source_cache_hits = Counter(
             "modelswap_source_cache_hits",

@@ -5,6 +5,7 @@ bring back the same bytes, pinned models stay, policy changes apply without a re
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -121,6 +122,10 @@ async def test_serves_swaps_by_idle_request_and_hand_keeps_pinned(tmp_path: Path
             in text
         )
         assert "modelswap_hbm_used_bytes" in text
+        (lag_samples,) = re.findall(
+            r"^modelswap_agent_event_loop_lag_seconds_count (\S+)$", text, re.M
+        )
+        assert float(lag_samples) > 0  # the running agent watches its event loop
 
 
 async def test_swapped_out_tinylm_streams_the_same_tokens(tmp_path: Path) -> None:

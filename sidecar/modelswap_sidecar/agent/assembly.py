@@ -77,6 +77,7 @@ class Agent:
     backend: AgentBackend
     service: ControlService
     registry: CollectorRegistry
+    metrics: NodeMetrics
     policy_loop: PolicyLoop
     watch: RuntimeWatch
 
@@ -246,6 +247,7 @@ async def build(
         backend=backend,
         service=service,
         registry=registry,
+        metrics=metrics,
         policy_loop=PolicyLoop(
             actuator,
             driver,

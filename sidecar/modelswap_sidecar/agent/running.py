@@ -6,7 +6,8 @@ that on the agent's event loop (`new_event_loop`: uvloop's).
 knows its desired models the gateway answers 503, not 404), then starts, in order: the
 control API (HTTPS with the serving certificate
 when one was picked), the metrics and gateway servers when their ports are set, the runtime
-watch, the policy loop and the adoption of the models a previous agent held; writes the
+watch, the policy loop, the adoption of the models a previous agent held and the event
+loop's lag watch (`loop_lag`); writes the
 endpoints file (`agent.json`: pid and the ports bound); then, in cluster mode, the node
 heartbeat (SwapNode + node Lease) until `stop` is set.
 
@@ -37,6 +38,7 @@ from aiohttp import web
 from modelswap_sidecar.agent.assembly import DESIRED_FILE, Agent, build
 from modelswap_sidecar.agent.core.adoption import adopt
 from modelswap_sidecar.agent.errors import StartupError
+from modelswap_sidecar.agent.loop_lag import watch_loop_lag
 from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.agent.ports.cluster_heartbeat import node_heartbeat
 from modelswap_sidecar.agent.ports.desired_file import load_entries
@@ -111,6 +113,7 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
             asyncio.create_task(agent.watch.run(), name="runtime-watch"),
             asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
             asyncio.create_task(_adopt(agent, saved_file), name="adopt"),
+            asyncio.create_task(watch_loop_lag(agent.metrics.loop_lag.observe), name="loop-lag"),
         ]
         stack.push_async_callback(_cancel, tasks)
         control_port = _port_of(control)
