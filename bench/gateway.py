@@ -53,6 +53,7 @@ from bench.local_node import (
     local_node,
     model_root,
 )
+from bench.loop_lag import lag_window
 from examples.models import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +217,8 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
         )
         # 2. open loop at half the saturation, both paths interleaved
         rate = args.load_fraction * saturation
-        lat = await open_loop(session, urls, rate, args.open_seconds, seed=20260101)
+        async with lag_window(node.state["metricsUrl"]) as lag:
+            lat = await open_loop(session, urls, rate, args.open_seconds, seed=20260101)
         p = {k: (_pct(v, 0.5), _pct(v, 0.99)) for k, v in lat.items()}
         params = {
             "rate_per_second": rate,
@@ -240,12 +242,20 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             [p["gateway"][0] - p["direct"][0]],
             p50_added_seconds=p["gateway"][0] - p["direct"][0],
             p99_added_seconds=p["gateway"][1] - p["direct"][1],
+            agent_loop_timers=lag["agent"].samples,
+            agent_loop_stalls=lag["agent"].stalls,
+            agent_loop_worst_seconds=lag["agent"].worst_seconds,
+            agent_loop_late_total_seconds=lag["agent"].total_seconds,
+            generator_loop_timers=lag["load generator"].samples,
+            generator_loop_stalls=lag["load generator"].stalls,
+            generator_loop_worst_seconds=lag["load generator"].worst_seconds,
         )
         rows.append(added)
         print(
             f"open loop {rate:.0f} req/s: p50 added "
             f"{added['metrics']['p50_added_seconds'] * 1e3:.2f} ms, p99 added "
-            f"{added['metrics']['p99_added_seconds'] * 1e3:.2f} ms",
+            f"{added['metrics']['p99_added_seconds'] * 1e3:.2f} ms; agent's event loop: "
+            f"{lag['agent'].words()}; load generator's: {lag['load generator'].words()}",
             flush=True,
         )
         # 2b. the same at a light load, without a target: what the gateway adds when the
@@ -272,8 +282,12 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
             f"gateway share {os.cpu_count()} CPUs, and a request through the gateway wakes one "
             f"process more. At {light:.0f} requests/s the gateway added p50 "
             f"{(pl['gateway'][0] - pl['direct'][0]) * 1e3:.2f} ms and p99 "
-            f"{(pl['gateway'][1] - pl['direct'][1]) * 1e3:.2f} ms. Its own CPU per request, "
-            "and where it goes: the profile in the notes above."
+            f"{(pl['gateway'][1] - pl['direct'][1]) * 1e3:.2f} ms. During the {rate:.0f} "
+            f"requests/s window the agent's event loop (the gateway's) fired "
+            f"{lag['agent'].words()}, the load generator's {lag['load generator'].words()}: "
+            "a request through the gateway waits for both loops, one straight to Triton for "
+            "the load generator's alone. Its own CPU per request, and where it goes: the "
+            "profile in the notes above."
         )
         results_schema.target(
             added, "p50_added_seconds", "<=", 0.001, "gateway added p50 <= 1 ms", why=why
@@ -431,7 +445,10 @@ NOTES = [
     "latency_direct / latency_gateway / gateway_added_latency: one open-loop Poisson "
     "stream at load fraction x saturation in total, each arrival sent at random (seeded) to "
     "Triton or to the gateway, so both see the same load in the same seconds; added = the "
-    "gateway's percentile minus Triton's.",
+    "gateway's percentile minus Triton's. Over that window, how late each event loop fired a "
+    "20 ms timer (bench/loop_lag.py): the agent's (agent_loop_*, from its "
+    "modelswap_agent_event_loop_lag_seconds histogram, so its worst is a bucket's bound) and "
+    "the load generator's own (generator_loop_*); a stall is a timer more than 5 ms late.",
     "gateway_added_latency_light_load: the same interleaved stream at light-fraction x "
     "saturation (no target; shown beside the 50% figure to separate the gateway's own "
     "cost from the queueing of a saturated 2-core machine).",

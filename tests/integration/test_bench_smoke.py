@@ -65,7 +65,13 @@ def test_gateway_reports_each_figure() -> None:
          "--swap-reps", "2", "--profile-seconds", "1"],
         280,
     )  # fmt: skip
-    for what in ("direct saturation", "p50 added", "100 concurrent", "swap-in overhead"):
+    for what in (
+        "direct saturation",
+        "p50 added",
+        "agent's event loop: ",
+        "100 concurrent",
+        "swap-in overhead",
+    ):
         assert what in out
     assert "modelswap-bench-gw-" not in _left("modelswap-bench-gw-")
 
