@@ -433,9 +433,10 @@ NOTES = [
     "Model `tiny`: the generated MLP python-backend model with an 8 MiB region (sampled "
     "CRC, so each answer is cheap and the gateway's cost is not hidden behind the model's). "
     "Every answer is checked against examples/models/reference.py.",
-    "The load generator (asyncio + aiohttp, one process) runs on the same 2-core machine as "
+    "The load generator (aiohttp on uvloop, one process) runs on the same 2-core machine as "
     "Triton and the agent: it competes with them for CPU, so saturation is the whole "
-    "machine's, not Triton's alone. Its garbage collector is paused while a window is "
+    "machine's, not Triton's alone (on asyncio's own loop the generator measured 15-25% "
+    "less of it, in alternating runs). Its garbage collector is paused while a window is "
     "timed (and run after it): a full collection in it once took 110 ms mid-window, "
     "holding every answer back and then sending the arrivals it owed in one burst.",
     "direct_saturation: closed loop at 1, 2, 4, 8, 16, 32, 64 concurrent straight to Triton, "
