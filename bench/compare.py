@@ -29,12 +29,11 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import results_schema
+from bench import results_schema, scratch
 from bench.local_node import (
     MIB,
     ModelCase,
@@ -79,7 +78,7 @@ def run(reps: int, big_bytes: int) -> tuple[list[dict[str, Any]], list[str]]:
         model_root(big_bytes) as root,
         # the node's run dir (its host store) in tmpfs, as DESIGN.md §4 has it; on disk,
         # writeback and page-cache faults would be booked to the swap-in
-        tempfile.TemporaryDirectory(prefix="modelswap-bench-compare-", dir="/dev/shm") as tmp,
+        scratch.directory("modelswap-bench-compare-", "/dev/shm") as tmp,
     ):
         work = Path(tmp)
         # the sim GPU holds every model at once (nothing is evicted to make room)

@@ -35,7 +35,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from bench import results_schema
+from bench import results_schema, scratch
 from bench.local_node import (
     MIB,
     MLP_INPUT,
@@ -364,7 +363,7 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
 async def _profile_gateway(
     session: aiohttp.ClientSession, node: Any, rate: float, seconds: float
 ) -> str:
-    with tempfile.TemporaryDirectory(prefix="modelswap-bench-gwprof-") as tmp:
+    with scratch.directory("modelswap-bench-gwprof-") as tmp:
         out = Path(tmp) / "profile.txt"
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.gateway_profiled", node.state["tritonUrl"],
@@ -482,10 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = results_schema.load_average()
     with (
         model_root(0) as root,
-        tempfile.TemporaryDirectory(
-            prefix="modelswap-bench-gw-",
-            dir="/dev/shm",  # the host store in tmpfs (DESIGN §4)
-        ) as tmp,
+        scratch.directory("modelswap-bench-gw-", "/dev/shm") as tmp,  # host store in tmpfs
     ):
         from bench.local_node import make_big_model  # noqa: PLC0415
 

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ import httpx
 import numpy as np
 import yaml
 
+from bench import scratch
 from examples.models import reference
 from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import (
@@ -420,12 +420,9 @@ def plain_triton(cases: list[ModelCase], workdir: Path, model_root: Path) -> Ite
 def model_root(big_bytes: int) -> Iterator[Path]:
     """A temporary model root: the example models (linked) and, when `big_bytes`, the
     generated big model; removed after."""
-    tmp = Path(tempfile.mkdtemp(prefix="modelswap-bench-models-"))
-    try:
+    with scratch.directory("modelswap-bench-models-") as tmp:
         for name in ("mlp", "tinylm"):
             (tmp / name).symlink_to(EXAMPLES / name)
         if big_bytes:
             make_big_model(tmp, big_bytes)
         yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

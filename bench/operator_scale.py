@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,7 +38,7 @@ import httpx
 import yaml
 from kubernetes import client as kclient
 
-from bench import results_schema
+from bench import results_schema, scratch
 from modelswap_api import kube
 from modelswap_sidecar.triton.process import free_loopback_port
 from tests.support.kube_emulator.hosting import EmulatorProcess, kubeconfig
@@ -216,7 +215,7 @@ def profile_summary(path: Path, who: str, own: str) -> str:
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="modelswap-bench-operator-") as tmp:
+    with scratch.directory("modelswap-bench-operator-") as tmp:
         work = Path(tmp)
         manifest = work / "cluster.yaml"
         manifest.write_text(yaml.safe_dump_all(cluster_manifest(args.nodes)))

@@ -45,14 +45,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import results_schema
+from bench import results_schema, scratch
 from modelswap_client import _libc
 from modelswap_client.mappers.sim import Pacer
 from modelswap_sidecar.allocators.base import Location
@@ -693,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     profiles: list[str] = []
     sizes = [int(s) for s in args.sizes_mib.split(",")]
-    with tempfile.TemporaryDirectory(prefix="modelswap-bench-", dir="/dev/shm") as tmp:
+    with scratch.directory("modelswap-bench-", "/dev/shm") as tmp:
         print(f"workdir {tmp}", flush=True)
         for mib in sizes:
             # the smallest size's fixed cost is the one to explain: profile it (untimed)

@@ -31,7 +31,6 @@ import asyncio
 import json
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -41,7 +40,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import results_schema
+from bench import results_schema, scratch
 from bench.local_node import (
     MIB,
     MLP_INPUT,
@@ -488,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[RunRecord] = []
     with (
         model_root(0) as root,
-        tempfile.TemporaryDirectory(prefix="modelswap-bench-twin-", dir="/dev/shm") as tmp,
+        scratch.directory("modelswap-bench-twin-", "/dev/shm") as tmp,
     ):
         make_big_model(root, WEIGHTS_BYTES)
         with local_node(

@@ -1,0 +1,73 @@
+"""Scratch directories for the benches, and the removal of those a killed bench left.
+
+A bench's directories hold its node's host store and generated models (up to a few GiB,
+in tmpfs: memory). A bench stopped by SIGTERM or Ctrl-C removes them on the way out; one
+killed outright (SIGKILL, the machine restarting under it) cannot. So each directory
+records its owner (pid and that process's start time, which a reused pid does not share),
+and making a new one first removes every `modelswap-bench-*` directory beside it whose
+owner is gone. A directory of a live bench, or one without an owner record (another tool's,
+or one just made), is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+PREFIX = "modelswap-bench-"
+OWNER_FILE = ".modelswap-bench-owner"
+
+
+def start_ticks(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22);
+    None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces: count after it
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_record() -> str:
+    pid = os.getpid()
+    return f"{pid} {start_ticks(pid)}"
+
+
+def owner_alive(record: str) -> bool:
+    pid, ticks = record.split()
+    return start_ticks(int(pid)) == ticks
+
+
+def sweep(parent: Path) -> list[Path]:
+    """Remove the bench directories in `parent` whose recorded owner is gone; those removed."""
+    removed = []
+    for entry in sorted(parent.glob(f"{PREFIX}*")):
+        try:
+            record = (entry / OWNER_FILE).read_text()
+        except OSError:  # not a directory, no record, or removed meanwhile
+            continue
+        if not owner_alive(record):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def directory(prefix: str, parent: str | Path | None = None) -> Iterator[Path]:
+    """A new directory `<parent>/<prefix>XXXXXXXX` (parent: the system's temporary
+    directory), owned by this process and removed after; stale ones beside it go first.
+    `prefix` starts with PREFIX."""
+    if not prefix.startswith(PREFIX):
+        raise ValueError(f"a bench directory's prefix starts with {PREFIX!r}: {prefix!r}")
+    where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    for gone in sweep(where):
+        print(f"removed {gone}: left by a bench that was killed", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=where) as tmp:
+        (Path(tmp) / OWNER_FILE).write_text(owner_record())
+        yield Path(tmp)

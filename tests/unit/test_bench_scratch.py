@@ -1,0 +1,57 @@
+"""Bench scratch directories: owned, removed after, and the ones a killed bench left are
+removed by the next bench while nothing else is touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import scratch
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _left(parent: Path, name: str, record: str | None) -> Path:
+    entry = parent / name
+    (entry / "run").mkdir(parents=True)
+    (entry / "run" / "host-store.bin").write_bytes(b"x" * 4096)
+    if record is not None:
+        (entry / scratch.OWNER_FILE).write_text(record)
+    return entry
+
+
+def test_a_directory_is_owned_while_open_and_gone_after(tmp_path: Path) -> None:
+    with scratch.directory("modelswap-bench-t-", tmp_path) as work:
+        assert work.parent == tmp_path and work.name.startswith("modelswap-bench-t-")
+        assert scratch.owner_alive((work / scratch.OWNER_FILE).read_text())
+    assert not work.exists()
+
+
+def test_what_a_killed_bench_left_is_removed_and_nothing_else(tmp_path: Path) -> None:
+    me = scratch.owner_record()
+    dead = _left(tmp_path, "modelswap-bench-gw-dead", f"{_dead_pid()} 1")
+    reused = _left(tmp_path, "modelswap-bench-gw-reused", f"{os.getpid()} 1")  # pid reused
+    live = _left(tmp_path, "modelswap-bench-gw-live", me)
+    unowned = _left(tmp_path, "modelswap-bench-gw-unowned", None)
+    other = _left(tmp_path, "someone-else", f"{_dead_pid()} 1")
+    with scratch.directory("modelswap-bench-gw-", tmp_path):
+        assert not dead.exists() and not reused.exists()
+        assert live.exists() and unowned.exists() and other.exists()
+
+
+def test_the_prefix_must_be_a_bench_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="modelswap-bench-"), scratch.directory("x-", tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_process_has_a_start_time_and_a_gone_one_none() -> None:
+    assert scratch.start_ticks(os.getpid()) is not None
+    assert scratch.start_ticks(_dead_pid()) is None
