@@ -6,7 +6,10 @@ killed outright (SIGKILL, the machine restarting under it) cannot. So each direc
 records its owner (pid and that process's start time, which a reused pid does not share),
 and making a new one first removes every `modelswap-bench-*` directory beside it whose
 owner is gone. A directory of a live bench, or one without an owner record (another tool's,
-or one just made), is never touched.
+or one just made), is never touched. The processes a killed bench left running in a stale
+directory (its node runs in its own process group, so it outlives the bench: `modelswap
+up`, Triton and its stubs all name the directory on their command lines) are stopped
+first: SIGTERM, and SIGKILL for any still there after `STOP_GRACE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 PREFIX = "modelswap-bench-"
 OWNER_FILE = ".modelswap-bench-owner"
+#: how long a stale directory's processes get to stop on SIGTERM (a node stops its Triton)
+STOP_GRACE_SECONDS = 15.0
 
 
 def start_ticks(pid: int) -> str | None:
@@ -44,8 +51,41 @@ def owner_alive(record: str) -> bool:
     return start_ticks(int(pid)) == ticks
 
 
+def processes_in(directory: Path) -> list[int]:
+    """The pids (this one's aside) whose command line names a path inside `directory`."""
+    needle = os.fsencode(directory) + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if any(arg.startswith(needle) or b"=" + needle in arg for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def stop_processes_in(directory: Path) -> list[int]:
+    """SIGTERM every process running from `directory`, SIGKILL what is left after
+    STOP_GRACE_SECONDS; the pids signalled."""
+    pids = processes_in(directory)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while (left := processes_in(directory)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def sweep(parent: Path) -> list[Path]:
-    """Remove the bench directories in `parent` whose recorded owner is gone; those removed."""
+    """Remove the bench directories in `parent` whose recorded owner is gone, after
+    stopping what still runs from them; those removed."""
     removed = []
     for entry in sorted(parent.glob(f"{PREFIX}*")):
         try:
@@ -53,6 +93,11 @@ def sweep(parent: Path) -> list[Path]:
         except OSError:  # not a directory, no record, or removed meanwhile
             continue
         if not owner_alive(record):
+            stopped = stop_processes_in(entry)
+            if stopped:
+                print(
+                    f"stopped {len(stopped)} process(es) left running in {entry}", file=sys.stderr
+                )
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

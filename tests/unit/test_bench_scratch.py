@@ -4,7 +4,9 @@ removed by the next bench while nothing else is touched."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,40 @@ def test_the_prefix_must_be_a_bench_one(tmp_path: Path) -> None:
 def test_a_live_process_has_a_start_time_and_a_gone_one_none() -> None:
     assert scratch.start_ticks(os.getpid()) is not None
     assert scratch.start_ticks(_dead_pid()) is None
+
+
+def _running_in(directory: Path, *, ignore_term: bool) -> subprocess.Popen[str]:
+    """A process whose command line names a file in `directory`, as a bench's node does."""
+    code = "import signal, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "print('ready', flush=True)\ntime.sleep(300)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, f"--model-repository={directory}/run/repository"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_killed_bench_s_processes_are_stopped_before_its_directory_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scratch, "STOP_GRACE_SECONDS", 0.5)
+    dead = _left(tmp_path, "modelswap-bench-gw-dead", f"{_dead_pid()} 1")
+    live = _left(tmp_path, "modelswap-bench-gw-live", scratch.owner_record())
+    polite = _running_in(dead, ignore_term=False)
+    stubborn = _running_in(dead, ignore_term=True)
+    bystander = _running_in(live, ignore_term=False)
+    try:
+        assert sorted(scratch.processes_in(dead)) == sorted([polite.pid, stubborn.pid])
+        with scratch.directory("modelswap-bench-gw-", tmp_path):
+            assert polite.wait(timeout=10) == -signal.SIGTERM
+            assert stubborn.wait(timeout=10) == -signal.SIGKILL  # after the grace
+            assert not dead.exists() and live.exists()
+            assert bystander.poll() is None  # a live bench's process is left alone
+    finally:
+        for proc in (polite, stubborn, bystander):
+            proc.kill()
+            proc.wait()
