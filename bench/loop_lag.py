@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from modelswap_sidecar.agent.loop_lag import watch_loop_lag
 
@@ -50,17 +51,14 @@ class Histogram:
 
 def parse_histogram(metrics_text: str, name: str = AGENT_LAG) -> Histogram:
     """`name`'s buckets and sum from a Prometheus text exposition (an unlabelled histogram)."""
-    buckets: dict[float, float] = {}
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(f'{name}_bucket{{le="'):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(f"{name}_sum "):
-            total = float(line.rsplit(" ", 1)[1])
-    if math.inf not in buckets:
-        raise ValueError(f"no {name} histogram in the metrics")
-    return Histogram(buckets, total)
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == name:
+            buckets = {
+                float(s.labels["le"]): s.value for s in family.samples if s.name == f"{name}_bucket"
+            }
+            total = next(s.value for s in family.samples if s.name == f"{name}_sum")
+            return Histogram(buckets, total)
+    raise ValueError(f"no {name} histogram in the metrics")
 
 
 def between(before: Histogram, after: Histogram) -> LagSummary:
