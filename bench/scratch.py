@@ -46,9 +46,14 @@ def owner_record() -> str:
     return f"{pid} {start_ticks(pid)}"
 
 
-def owner_alive(record: str) -> bool:
-    pid, ticks = record.split()
-    return start_ticks(int(pid)) == ticks
+def owner_gone(record: str) -> bool:
+    """True only for a well-formed record of a process that no longer runs: a record that
+    does not parse (half written, another tool's) never makes a directory stale."""
+    match record.split():
+        case [pid, ticks] if pid.isdigit() and ticks.isdigit():
+            return start_ticks(int(pid)) != ticks
+        case _:
+            return False
 
 
 def processes_in(directory: Path) -> list[int]:
@@ -90,9 +95,9 @@ def sweep(parent: Path) -> list[Path]:
     for entry in sorted(parent.glob(f"{PREFIX}*")):
         try:
             record = (entry / OWNER_FILE).read_text()
-        except OSError:  # not a directory, no record, or removed meanwhile
+        except (OSError, UnicodeDecodeError):  # no directory, no record, or not a record
             continue
-        if not owner_alive(record):
+        if owner_gone(record):
             stopped = stop_processes_in(entry)
             if stopped:
                 print(
@@ -114,5 +119,7 @@ def directory(prefix: str, parent: str | Path | None = None) -> Iterator[Path]:
     for gone in sweep(where):
         print(f"removed {gone}: left by a bench that was killed", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=prefix, dir=where) as tmp:
-        (Path(tmp) / OWNER_FILE).write_text(owner_record())
+        written = Path(tmp) / f"{OWNER_FILE}.tmp"  # whole or absent to a sweep beside us
+        written.write_text(owner_record())
+        written.rename(Path(tmp) / OWNER_FILE)
         yield Path(tmp)

@@ -32,7 +32,7 @@ def _left(parent: Path, name: str, record: str | None) -> Path:
 def test_a_directory_is_owned_while_open_and_gone_after(tmp_path: Path) -> None:
     with scratch.directory("modelswap-bench-t-", tmp_path) as work:
         assert work.parent == tmp_path and work.name.startswith("modelswap-bench-t-")
-        assert scratch.owner_alive((work / scratch.OWNER_FILE).read_text())
+        assert not scratch.owner_gone((work / scratch.OWNER_FILE).read_text())
     assert not work.exists()
 
 
@@ -94,3 +94,15 @@ def test_a_killed_bench_s_processes_are_stopped_before_its_directory_goes(
         for proc in (polite, stubborn, bystander):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("record", [b"", b"12", b"x y", b"1 2 3", b"\xff\xfe 1"])
+def test_a_record_that_does_not_parse_leaves_its_directory_alone(
+    tmp_path: Path, record: bytes
+) -> None:
+    odd = tmp_path / "modelswap-bench-odd"
+    odd.mkdir()
+    (odd / scratch.OWNER_FILE).write_bytes(record)  # half written by a bench beside us, or junk
+    (tmp_path / "modelswap-bench-a-file").write_text("not a directory")
+    with scratch.directory("modelswap-bench-gw-", tmp_path):
+        assert odd.exists() and (tmp_path / "modelswap-bench-a-file").exists()
