@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 
@@ -27,6 +28,50 @@ def finite_float(text: str) -> float:
 
 def refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+#: a JSON string: removed before counting, so brackets inside one do not count
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: every bracket as `[` or `]`, every other byte deleted (depth does not care which kind)
+_SQUARE = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+#: a run of openers or of closers, once only `[` and `]` are left
+_RUN = re.compile(rb"\[+|\]+")
+#: runs few enough to walk one by one in Python
+_WALKED_RUNS = 4096
+
+
+def nesting_exceeds(raw: bytes, max_depth: int) -> bool:
+    """Whether the JSON text `raw` opens more than `max_depth` arrays or objects inside one
+    another, without parsing it: for a body passed on as it is (a Triton inference request,
+    megabytes of numbers), where a parser given 200,000 levels overflows its stack.
+
+    Only the brackets outside strings are kept. While they form many runs (rows of a
+    tensor: `[1,2],[3,4]`), each pass deletes every innermost pair at once, in C, and takes
+    one level off the deepest nesting; once few runs are left (deep nesting is few long
+    runs), they are walked, counting openers left unclosed as levels too.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return False  # too few openers to nest that deep: most bodies stop here
+    # without a backslash no quote is escaped: every other piece between quotes is a string
+    outside = b"".join(raw.split(b'"')[::2]) if b"\\" not in raw else _STRING.sub(b"", raw)
+    brackets = outside.translate(_SQUARE, _NOT_BRACKET)
+    removed = 0
+    while brackets.count(b"[]") + brackets.count(b"][") > _WALKED_RUNS:
+        brackets = brackets.replace(b"[]", b"")
+        removed += 1
+        if removed > max_depth:
+            return True
+    depth = peak = 0
+    for run in _RUN.finditer(brackets):
+        if run.group()[0] == ord("["):
+            depth += len(run.group())
+            peak = max(peak, depth)
+        else:
+            depth = max(0, depth - len(run.group()))
+    return removed + peak > max_depth
 
 
 def loads_bounded(raw: bytes, max_depth: int) -> Any:

@@ -5,7 +5,9 @@ nesting (that connection is closed, logged once; the others go on)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import socket
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from modelswap_api import wire
-from modelswap_api.json_input import JsonInputError, loads_bounded
+from modelswap_api.json_input import JsonInputError, loads_bounded, nesting_exceeds
 from modelswap_api.wire import Message, Op, Peer, ProtocolError
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.auth import TokenFile
@@ -167,3 +169,30 @@ def test_a_malformed_packet_closes_that_connection_only(
             peer.close()
         for client_end, _ in pairs:
             client_end.close()
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+def _nested(rng: random.Random, depth: int) -> object:
+    if depth == 0:
+        return rng.choice([1, "a[b{", {"k]}": 2}, []])  # brackets inside strings do not count
+    if rng.random() < 0.5:
+        return [_nested(rng, depth - 1) for _ in range(rng.randint(1, 3))]
+    return {'x{"': _nested(rng, depth - 1)}
+
+
+def test_nesting_is_measured_as_a_parser_would_without_parsing() -> None:
+    rng = random.Random(14)
+    for _ in range(500):
+        value = _nested(rng, rng.randint(0, 9))
+        raw, limit = json.dumps(value).encode(), rng.randint(0, 12)
+        assert nesting_exceeds(raw, limit) == (_depth(value) > limit), (raw, limit)
+    assert nesting_exceeds(b"[" * 200_000 + b"]" * 200_000, 64)
+    assert nesting_exceeds(b"[" * 200_000, 64)  # never closed: still that deep to a parser
+    assert not nesting_exceeds(b"[" + b"[1.5, 2]," * 100_000 + b"[]]", 64)

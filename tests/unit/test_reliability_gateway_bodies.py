@@ -141,6 +141,14 @@ MALFORMED = [
         id="deep-json",
     ),
     pytest.param(
+        "/v2/models/llama/infer", b"[" * 200_000 + b"]" * 200_000, None, 400, "nested deeper",
+        id="deep-json-v2",
+    ),
+    pytest.param(
+        "/v2/models/llama/generate_stream", b"{" * 100 + b"}" * 100, None, 400,
+        "nested deeper", id="deep-json-v2-stream",
+    ),
+    pytest.param(
         "/v1/completions", b'{"model": "\xff"}', None, 400, "not UTF-8", id="not-utf8"
     ),
     pytest.param(
@@ -340,3 +348,27 @@ async def test_oversized_or_malformed_headers_are_a_4xx(headers: bytes, what: st
         outcome=status_line.decode().strip(),
         answered_seconds=round(seconds, 3),
     )
+
+
+@pytest.mark.asyncio
+async def test_deep_json_never_reaches_triton_and_binary_data_after_the_header_is_not_json() -> (
+    None
+):
+    """Triton's parser overflowed its stack on a v2 body nested 200,000 deep (found by
+    hand against the real one: the node's Triton went down with every model)."""
+    deep = b'{"inputs": [' + b"[" * 100 + b"]" * 100 + b"]}"
+    async with limited_world() as w:
+        before = len(w.triton.calls)
+        got, answer, _ = await post(w, "/v2/models/llama/infer", deep, JSON)
+        assert got == 400 and "nested deeper than 64 levels" in message_of(answer)
+        assert len(w.triton.calls) == before  # not forwarded
+        header = json.dumps(infer_body([1])).encode()
+        binary = header + b"[" * 1000  # tensor bytes after the JSON part are not JSON
+        async with aiohttp.request(
+            "POST",
+            w.served.url + "/v2/models/llama/infer",
+            data=binary,
+            headers={**HOST, "Inference-Header-Content-Length": str(len(header))},
+        ) as r:
+            assert "nested deeper" not in await r.text()
+        assert len(w.triton.calls) == before + 1  # forwarded: Triton reads the header only

@@ -28,8 +28,9 @@ import logging
 
 from aiohttp import web
 
+from modelswap_api.json_input import nesting_exceeds
 from modelswap_sidecar.gateway import sse
-from modelswap_sidecar.gateway.bodies import read_body
+from modelswap_sidecar.gateway.bodies import MAX_JSON_DEPTH, read_body
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
@@ -162,12 +163,22 @@ async def _model_ready(call: Call) -> web.Response:
 
 
 async def _read_body(gw: Gateway, request: web.BaseRequest) -> bytes:
+    """The body, read within its limits, its JSON part nested at most `MAX_JSON_DEPTH`
+    deep: it goes to Triton unparsed, and Triton's parser overflows its stack on a body
+    nested 200,000 deep (400 KB of brackets took the node's Triton down, every model
+    with it). The JSON part is the whole body, or its first `Inference-Header-Content-
+    Length` bytes when binary tensor data follows."""
     settings = gw.settings
-    return await read_body(
+    body = await read_body(
         request,
         max_bytes=settings.max_body_bytes,
         timeout_seconds=settings.body_timeout_seconds,
     )
+    declared = request.headers.get(INFER_HEADER_LENGTH, "")
+    json_part = body[: int(declared)] if declared.isdigit() else body
+    if nesting_exceeds(json_part, MAX_JSON_DEPTH):
+        raise BadRequestError(f"the request's JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
 
 
 def _refuse_decoupled(route: ModelRoute, what: str) -> None:
