@@ -99,11 +99,13 @@ class Op(StrEnum):
     #: {model, instance, pid, version} → {epoch, state, committed, paceBytesPerSecond?}
     #: (paceBytesPerSecond: the sim GPU's emulated link; the client paces its copies to it)
     REGISTER = "register"
-    #: {regions: [{tag, bytes, kind, address}]} → {regions: [{tag, restored}],
-    #: kv_pool?: {offload_after_tokens, host_bytes, fd}} (fd: a writable host-store file
+    #: {regions: [{tag, bytes, kind, address}]} → {restored, fingerprint, regions: [{tag,
+    #: restored}], kv_pool?: {offload_after_tokens, host_bytes, fd}} (fd: a writable host-store file
     #: for the KV pool's host tier)
     ATTACH = "attach"
-    COMMIT = "commit"  # weights loaded: agent sends SAVE for weights, then answers
+    #: {fingerprint, replace?} weights loaded: the agent sends SAVE for the weights (again
+    #: over a committed copy only with replace), keeps the fingerprint, then answers
+    COMMIT = "commit"
     SWAP_IN = "swap_in"  # in_use() on a swapped-out model → {epoch}
     READOPT = "readopt"  # {state, epoch, regions: [... chunks: [{offset, bytes, fd}]]}
     HEARTBEAT = "heartbeat"

@@ -16,11 +16,20 @@ class AgentFacts:
     restored: bool = False
     #: the weights are saved in the host store
     committed: bool = False
+    #: what the committed weights are, as the client said when it committed them (a
+    #: layout fingerprint, `modelswap_client.torch`); "" when unknown or not committed
+    fingerprint: str = ""
     #: the last swap-out discarded the KV cache
     kv_discarded: bool = False
     #: the last swap-out dropped the model (onSwapOut: drop): the next swap-in maps fresh
     #: memory and the runtime reloads from the source (see `restored`)
     dropped: bool = False
+
+    def forget_weights(self) -> None:
+        """The weight regions were mapped fresh (a drop, a failure): nothing is restored
+        or committed any more."""
+        self.restored = self.committed = False
+        self.fingerprint = ""
 
     def advance(self, epoch: int) -> None:
         self.epoch = max(self.epoch, epoch)

@@ -99,7 +99,7 @@ class AgentHandler:
             self._facts.kv_discarded = bool(message.body.get("kv_discarded"))
             if message.body.get("dropped"):
                 self._facts.dropped = True
-                self._facts.restored = self._facts.committed = False
+                self._facts.forget_weights()
                 self._copier.drop_weight_sources()  # the host copies are deleted
             self._gate.set(ClientState.SWAPPED_OUT)
 
@@ -118,7 +118,7 @@ class AgentHandler:
                 rd.get("fresh") and self._regions[rd["tag"]].kind is RegionKind.WEIGHTS
                 for rd in message.body["regions"]
             ):  # weights mapped fresh (after a drop or a failure): the runtime reloads them
-                self._facts.restored = self._facts.committed = False
+                self._facts.forget_weights()
             restored = self._copier.restore(message)
             was_out = self._gate.state is ClientState.MAPPED
             self._facts.dropped = False

@@ -170,10 +170,25 @@ class Attachment:
             self._regions[tag], block_bytes=block_bytes, tokens_per_block=tokens_per_block
         )
 
-    def commit(self) -> None:
-        """Weights are loaded: the agent saves them to the host store, once."""
-        reply = self._link.request(Op.COMMIT, {})
+    @property
+    def fingerprint(self) -> str:
+        """What the committed weights are, as given to `commit` ("" when not committed or
+        committed without one). A restored attachment reports the fingerprint its host
+        copy was committed with, so a model whose layout changed can tell."""
+        return self._facts.fingerprint
+
+    def commit(self, fingerprint: str = "", *, replace: bool = False) -> None:
+        """Weights are loaded: the agent saves them to the host store, once, with
+        `fingerprint` (at most 4,096 characters). `replace`: save again over a committed
+        copy — for a model that found its restored bytes stale and loaded afresh; call it
+        inside `in_use()` so no swap-out comes between the load and the save."""
+        body: dict[str, object] = {"fingerprint": fingerprint}
+        if replace:
+            body["replace"] = True
+        reply = self._link.request(Op.COMMIT, body)
         self._facts.committed = bool(reply.body.get("committed"))
+        if self._facts.committed:
+            self._facts.fingerprint = fingerprint
 
     @contextlib.contextmanager
     def in_use(self, timeout_seconds: float | None = None) -> Iterator[None]:
@@ -184,6 +199,21 @@ class Attachment:
             yield
         finally:
             self._gate.leave()
+
+    def allocations(self, tag: str = "weights") -> contextlib.AbstractContextManager[object]:
+        """Inside it, this thread's torch CUDA allocations land in region `tag` (a torch
+        MemPool over the region; GPU backends only), so unmodified loading code pages:
+        `with att.allocations(): model = AutoModel.from_pretrained(path).cuda()`, then
+        `commit()`. Holds the model resident for the body; yields the pool (its `stats()`).
+        See `modelswap_client.allocation`."""
+        if not self.mapper.on_device:
+            raise ClientError(
+                "the allocation route needs a GPU backend (cuda-vmm or managed); this "
+                "attachment's memory is host memory (sim): use modelswap_client.torch.adopt"
+            )
+        from modelswap_client import allocation  # noqa: PLC0415 - torch and the shim at use
+
+        return allocation.allocations(self, tag)
 
     def _swap_in(self, deadline: float) -> None:
         self._link.request(Op.SWAP_IN, {}, deadline=deadline)
@@ -270,6 +300,7 @@ def attach(
         reply = link.request(Op.ATTACH, {"regions": reserved.layout()})
         kv_host.take(reply)
         facts.restored = facts.committed = bool(reply.body.get("restored"))
+        facts.fingerprint = str(reply.body.get("fingerprint", "")) if facts.restored else ""
     except BaseException:
         att.close()
         raise

@@ -79,7 +79,7 @@ class Region:
         import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         if self.on_device:
-            return torch.from_dlpack(self.cuda_view(dtype))
+            return torch.from_dlpack(self.cuda_view(dtype))  # type: ignore[attr-defined,unused-ignore]
         return torch.frombuffer(self.view(), dtype=torch.uint8).view(getattr(torch, dtype))
 
     def cupy(self, dtype: str = "uint8") -> Any:

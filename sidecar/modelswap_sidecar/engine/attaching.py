@@ -24,6 +24,8 @@ from modelswap_sidecar.engine.table import ModelTable
 from modelswap_sidecar.engine.transport import Transport, close_fd, request
 
 S = EngineState
+#: a client's fingerprint of its committed weights is opaque here, but bounded
+MAX_FINGERPRINT_CHARS = 4096
 
 
 class Attacher:
@@ -91,7 +93,12 @@ class Attacher:
             {"tag": t, "restored": restored and r.kind is RegionKind.WEIGHTS}
             for t, r in inst.regions.items()
         ]
-        body: dict[str, Any] = {"restored": restored, "regions": regions, "state": str(m.state)}
+        body: dict[str, Any] = {
+            "restored": restored,
+            "regions": regions,
+            "state": str(m.state),
+            "fingerprint": inst.fingerprint if restored else "",
+        }
         if kv_fd is None:
             return reply_to(message, m.epoch, body)
         body["kv_pool"] = {
@@ -136,8 +143,18 @@ class Attacher:
             raise WrongState(f"model {m.name} is {m.state}")
 
     def commit(self, m: ModelRecord, inst: InstanceRecord, message: Message) -> Message:
+        """Save the instance's weight regions to the host store, once. `fingerprint` (what
+        the client says the bytes are) is kept with them; `replace` saves again over a
+        committed copy (the client found it stale and loaded afresh under in_use(), so no
+        swap-out runs in between)."""
+        fingerprint = message.body.get("fingerprint", "")
+        if not isinstance(fingerprint, str) or len(fingerprint) > MAX_FINGERPRINT_CHARS:
+            raise ProtocolViolation(
+                f"commit: fingerprint must be a string of at most {MAX_FINGERPRINT_CHARS} chars"
+            )
+        replace = bool(message.body.get("replace", False))
         with m.lock:
-            if inst.committed:
+            if inst.committed and not replace:
                 return reply_to(message, m.epoch, {"committed": True})
             if not inst.mapped or inst.peer is None:
                 raise WrongState(f"instance {inst.name} of {m.name} is not attached")
@@ -168,12 +185,13 @@ class Attacher:
                     self.store.abort(st)
                 raise
             self.checkpoint("commit.saved")
-            committed = [(r, self.store.commit(st)) for r, st in stagings]
+            committed = [(r, self.store.commit_replacing(st, r.weights_file)) for r, st in stagings]
             self.checkpoint("commit.renamed")
             with self.table.lock:
                 for r, stored in committed:
                     r.weights_file = stored
                 inst.committed = True
+                inst.fingerprint = fingerprint
                 if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
                     self.table.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
                 else:

@@ -146,6 +146,16 @@ class HostStore:
         os.rename(str(path) + ".tmp", path)
         return StoredFile(staging.gpu, staging.relpath, staging.size_bytes)
 
+    def commit_replacing(self, staging: Staging, old: StoredFile | None) -> StoredFile:
+        """`commit`, replacing `old` (same path: the rename replaces it atomically, so a
+        crash leaves one whole copy or the other); the old copy's bytes are credited."""
+        stored = self.commit(staging)
+        if old is not None:
+            if old.relpath != stored.relpath:
+                (self.root / old.relpath).unlink(missing_ok=True)
+            self._credit(old.gpu, old.size_bytes)
+        return stored
+
     def abort(self, staging: Staging) -> None:
         os.close(staging.fd)
         (self.root / (staging.relpath + ".tmp")).unlink(missing_ok=True)

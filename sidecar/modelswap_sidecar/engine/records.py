@@ -54,6 +54,9 @@ class InstanceRecord:
     pid: int = 0
     mapped: bool = False  # its clients map live chunks
     committed: bool = False  # its weights are complete in the host store
+    #: what the client said its committed weights are (a layout fingerprint; opaque to
+    #: the agent): handed back on attach so the client never binds bytes of another layout
+    fingerprint: str = ""
     awaiting_readopt: bool = False
     #: the host tier of its KV pool: an agent-owned host-store file the client maps
     #: writable (never a weight copy); kept across swaps and client restarts
@@ -164,6 +167,7 @@ def to_doc(models: dict[str, ModelRecord]) -> dict[str, Any]:
                 iname: {
                     "mapped": i.mapped,
                     "committed": i.committed,
+                    "fingerprint": i.fingerprint,
                     "kv_host_file": _stored_doc(i.kv_host_file),
                     "regions": [
                         {
@@ -206,6 +210,7 @@ def from_doc(doc: dict[str, Any]) -> dict[str, ModelRecord]:
                 iname,
                 mapped=bool(idoc["mapped"]),
                 committed=bool(idoc["committed"]),
+                fingerprint=str(idoc.get("fingerprint", "")),
                 kv_host_file=_stored(idoc.get("kv_host_file")),
             )
             for rd in idoc["regions"]:
