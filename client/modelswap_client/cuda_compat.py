@@ -20,12 +20,19 @@ here, so the differences live in one place:
   `CudaUnavailable` with a message that says which, so the caller can log one clear line
   and select no CUDA backend.
 
+`MODELSWAP_CUDA_WRAP=package.module:function` (unset in production) has `load()` hand the
+binding modules through `function(driver, runtime) -> (driver, runtime)` before any backend
+calls them: tests/support/cuda_recorder.py logs every call that way, on a GPU and on the
+fake alike (tests/gpu/record_cycles.py). Unset, `load()` reads one environment variable.
+
 Standard library only at import time; `cuda.bindings` is imported inside `load()`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -42,6 +49,9 @@ CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
 CUDA_RT_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 CUDA_RT_ERROR_NOT_READY = 600  # cudaErrorNotReady
+
+#: names a `module:function` that wraps the binding modules at `load()` (call recording)
+WRAP_ENV = "MODELSWAP_CUDA_WRAP"
 
 #: `#define`s exposed as module attributes by the bindings; the numbers are the fallback
 _DEFINES: dict[str, int] = {
@@ -119,7 +129,26 @@ def load(*, runtime: bool = False) -> Bindings:
                 "cuda-bindings %s: only 12.x and 13.x are known; trying 13.x calls", version
             )
             major = 13
+        driver, rt = _wrapped(driver, rt)
         return Bindings(driver=driver, runtime=rt, major=major, version=version)
+
+
+def _wrapped(driver: Any, runtime: Any | None) -> tuple[Any, Any | None]:
+    """The modules as `MODELSWAP_CUDA_WRAP`'s function returns them, or unchanged when unset.
+
+    A set but broken value raises (never a silent fallback to unrecorded calls): whoever set
+    it is recording and must not get a run that looks complete.
+    """
+    spec = os.environ.get(WRAP_ENV)
+    if not spec:
+        return driver, runtime
+    module_name, _, attr = spec.partition(":")
+    try:
+        wrap = getattr(importlib.import_module(module_name), attr or "wrap")
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(f"{WRAP_ENV}={spec}: {e}") from e
+    wrapped_driver, wrapped_runtime = wrap(driver, runtime)
+    return wrapped_driver, wrapped_runtime
 
 
 def error_name(b: Bindings, code: Any, *, runtime: bool = False) -> str:

@@ -6,11 +6,15 @@ fds attached with SCM_RIGHTS:
     → {"op": "reserve", "bytes": N}                    ← {"address": A}
     → {"op": "map", "chunks": [{"offset", "bytes"}...], "host_bytes": N} + chunk fds + host fd
                                                        ← {"sha256": ..., "address": A}
+    → {"op": "export"}                      ← {"exported": [{"offset", "bytes"}...]} + fds
     → {"op": "unmap"}                                  ← {"ok": true}
     → {"op": "exit"}
 
 "map" imports and maps the chunks at the reservation's offsets, sets access, copies the
 host file in, then reads the whole region back into a fresh staging memfd and hashes it.
+"export" is the readopt after an agent restart: a new fd for the chunk mapped at each
+mapping's address (`export_mapped_fd`). `serve()` is the loop, for a caller that runs it in
+a thread (tests/gpu/record_cycles.py on the fake, which cannot span processes).
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ from typing import Any
 
 
 def main() -> int:
+    return serve(sys.argv[1], socket.socket(fileno=int(sys.argv[2])))
+
+
+def serve(device: str, sock: socket.socket) -> int:
     from modelswap_client.mappers.cuda_vmm import CudaVmmMapper
 
-    sock = socket.socket(fileno=int(sys.argv[2]))
-    mapper = CudaVmmMapper(device=sys.argv[1], chunk_bytes=64 << 20)
+    mapper = CudaVmmMapper(device=device, chunk_bytes=64 << 20)
     reservation = None
     handles: list[tuple[int, int, Any]] = []
 
-    def send(body: dict[str, Any]) -> None:
-        sock.send(json.dumps(body).encode())
+    def send(body: dict[str, Any], fds: list[int] | None = None) -> None:
+        socket.send_fds(sock, [json.dumps(body).encode()], fds or [])
 
     while True:
         data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 256)
@@ -75,6 +82,13 @@ def main() -> int:
                 offset += len(block)
             os.close(staging)
             send({"sha256": digest.hexdigest(), "address": reservation.address})
+        elif msg["op"] == "export":
+            exported = [mapper.export_mapped_fd(address) for address, _, _ in handles]
+            assert reservation is not None
+            specs = [{"offset": a - reservation.address, "bytes": n} for a, n, _ in handles]
+            send({"exported": specs}, exported)
+            for fd in exported:
+                os.close(fd)  # sent: the receiver holds its own copies
         elif msg["op"] == "unmap":
             mapper.synchronize()
             for address, size, h in handles:
@@ -87,6 +101,7 @@ def main() -> int:
     if reservation is not None and not handles:
         mapper.free_reservation(reservation)
     mapper.close()
+    sock.close()
     return 0
 
 
