@@ -1,7 +1,7 @@
 """GPU swap benchmark: cuda-vmm swap-in/out against the pinned-copy ceiling and a
 one-allocation-at-a-time synchronous baseline, on a real GPU.
 
-    python bench/gpu_swap.py [--sizes-mib 1024,4096] [--repeats 5] [--chunk-mib 256]
+    python bench/gpu_swap.py [--sizes-mib 1024,4096,16384] [--repeats 5] [--chunk-mib 256]
 
 Needs only Python, cuda-bindings and nvidia-ml-py (the package need not be installed: the
 source folders are put on sys.path). Writes bench/results/<machine-class>/gpu-swap.json in
@@ -15,13 +15,20 @@ class. Per model size S (median of `repeats`):
   pinned (cuMemHostRegister, read-only) beforehand; `host_register` reports that cost
   separately, since the client library pins on every restore.
 - swap_out: synchronize, unmap and release on both sides.
-- ceiling: one cuMemcpyHtoD of S bytes from the same pinned host buffer into a cuMemAlloc
-  buffer (the pinned cudaMemcpy ceiling), measured in the same run.
+- ceiling: the faster of two ways to copy S bytes from the same pinned host buffer with
+  no allocation or mapping in the timed part, measured in the same run: one cuMemcpyHtoD
+  into a cuMemAlloc buffer (the pinned cudaMemcpy ceiling), and the swap-in's own chunked
+  copies on 2 streams into memory already mapped (`ceiling_copy_only`).
+- NVML: free HBM before a swap-in, while resident and after the swap-out
+  (`hbm_freed_bytes` on swap_out: what the swap-out gave back).
+- managed: the `managed` mapper's prefetch of a region of the first size to the CPU and
+  back (cudaMemPrefetchAsync), where the GPU supports managed memory.
 - sync baseline: the same bytes one allocation at a time, synchronously — create, map,
   set access, cuMemcpyHtoD, then the next (how vLLM's sleep-mode wake-up copies).
 
-ratio_to_ceiling = ceiling seconds / swap-in seconds (goal ≥ 0.9); ratio_to_sync_baseline =
-baseline seconds / swap-in seconds (> 1: faster than one-at-a-time).
+ratio_to_ceiling = ceiling seconds / swap-in seconds (goal ≥ 0.9; above 1 would mean the
+ceiling is wrong); ratio_to_sync_baseline = baseline seconds / swap-in seconds (> 1:
+faster than one-at-a-time).
 """
 
 # ruff: noqa: PLC0415 - the package imports follow the sys.path set-up below, at use
@@ -73,8 +80,12 @@ def run(
     from modelswap_client.mappers.cuda_vmm import CudaVmmMapper
     from modelswap_sidecar.allocators.base import Location
     from modelswap_sidecar.allocators.cuda_vmm import CudaVmmAllocator
+    from modelswap_sidecar.gpu.nvml import NvmlMemory
 
-    allocator = CudaVmmAllocator(gpus=[0], chunk_bytes=chunk_bytes, max_chunk_bytes=chunk_bytes)
+    nvml = NvmlMemory.open()
+    allocator = CudaVmmAllocator(
+        gpus=[0], nvml=nvml, chunk_bytes=chunk_bytes, max_chunk_bytes=chunk_bytes
+    )
     gpu = allocator.gpus[0]
     mapper = CudaVmmMapper(device=gpu.uuid, chunk_bytes=chunk_bytes, streams=2)
     loc = Location.device(0)
@@ -88,11 +99,17 @@ def run(
             host = mapper.map_host(fd, size)
             register_s = time.perf_counter() - t0
             region = mapper.reserve(size)
-            swap_in, swap_out, ceiling, baseline = [], [], [], []
+            swap_in, swap_out, ceiling, baseline, copy_only = [], [], [], [], []
+            free: dict[str, int] = {}
+
+            def free_bytes() -> int:
+                return nvml.memory(gpu.uuid).free_bytes if nvml is not None else -1
+
             try:
                 for _ in range(repeats):
                     held = []
                     mapper.synchronize()
+                    free["before_swap_in"] = free_bytes()
                     t0 = time.perf_counter()
                     events = []
                     for n, off in enumerate(range(0, size, chunk_bytes)):
@@ -106,6 +123,17 @@ def run(
                     for event in events:
                         event.wait()
                     swap_in.append(time.perf_counter() - t0)
+                    free["resident"] = free_bytes()
+                    t0 = time.perf_counter()
+                    events = [
+                        mapper.copy_to_device(
+                            region.address + off, host.address + off, chunk_bytes, n % 2
+                        )
+                        for n, off in enumerate(range(0, size, chunk_bytes))
+                    ]
+                    for event in events:
+                        event.wait()
+                    copy_only.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     mapper.synchronize()
                     for chunk, handle, address in held:
@@ -113,6 +141,7 @@ def run(
                         mapper.release(handle)
                         allocator.release(chunk)
                     swap_out.append(time.perf_counter() - t0)
+                    free["after_swap_out"] = free_bytes()
                 dptr = _check(d.cuMemAlloc(size))
                 try:
                     for _ in range(repeats):
@@ -142,7 +171,10 @@ def run(
                 mapper.unmap_host(host)
                 os.close(fd)
                 mapper.free_reservation(region)
-            s_in, s_ceil, s_base = (statistics.median(x) for x in (swap_in, ceiling, baseline))
+            s_in, s_memcpy, s_copy, s_base = (
+                statistics.median(x) for x in (swap_in, ceiling, copy_only, baseline)
+            )
+            s_ceil = min(s_memcpy, s_copy)  # the fastest way tried to do the same copy
             params = {"model_bytes": size, "chunk_bytes": chunk_bytes, "streams": 2}
             results += [
                 result(
@@ -151,22 +183,64 @@ def run(
                     ratio_to_ceiling=s_ceil / s_in,
                     ratio_to_sync_baseline=s_base / s_in,
                 ),
-                result("swap_out", params, swap_out),
+                result("swap_out", params, swap_out,
+                       hbm_freed_bytes=free["after_swap_out"] - free["resident"],
+                       hbm_taken_by_swap_in_bytes=free["before_swap_in"] - free["resident"]),
                 result("ceiling_pinned_memcpy", params, ceiling,
-                       throughput_bytes_per_second=size / s_ceil),
+                       throughput_bytes_per_second=size / s_memcpy),
+                result("ceiling_copy_only", params, copy_only,
+                       throughput_bytes_per_second=size / s_copy),
                 result("sync_baseline", params, baseline,
                        throughput_bytes_per_second=size / s_base),
                 result("host_register", params, [register_s]),
             ]  # fmt: skip
+        results += _managed_round_trip(sizes[0], repeats)
     finally:
         mapper.close()
         allocator.close()
+        if nvml is not None:
+            nvml.close()
     return results, info
+
+
+def _managed_round_trip(size: int, repeats: int) -> list[dict[str, Any]]:
+    """The managed mapper's prefetch of `size` bytes to the CPU and back (no result where
+    the GPU or driver has no managed memory)."""
+    from bench.results_schema import result
+    from modelswap_client.mappers.base import MapperError
+    from modelswap_client.mappers.managed import ManagedMapper
+
+    try:
+        mapper = ManagedMapper(device=0)
+    except MapperError as e:
+        print(f"managed mapper unavailable: {e}")
+        return []
+    region = mapper.reserve(size)
+    to_host, to_device = [], []
+    try:
+        mapper.prefetch_to_device(region).wait()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            mapper.prefetch_to_host(region).wait()
+            to_host.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            mapper.prefetch_to_device(region).wait()
+            to_device.append(time.perf_counter() - t0)
+    finally:
+        mapper.free_reservation(region)
+        mapper.close()
+    params = {"model_bytes": size, "backend": "managed"}
+    return [
+        result("managed_prefetch_to_host", params, to_host,
+               throughput_bytes_per_second=size / statistics.median(to_host)),
+        result("managed_prefetch_to_device", params, to_device,
+               throughput_bytes_per_second=size / statistics.median(to_device)),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sizes-mib", default="1024,4096")
+    parser.add_argument("--sizes-mib", default="1024,4096,16384")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mib", type=int, default=256)
     args = parser.parse_args(argv)
