@@ -175,6 +175,14 @@ def run(
                 statistics.median(x) for x in (swap_in, ceiling, copy_only, baseline)
             )
             s_ceil = min(s_memcpy, s_copy)  # the fastest way tried to do the same copy
+            hbm = (  # NVML's view of the last cycle (none without NVML)
+                {
+                    "hbm_freed_bytes": free["after_swap_out"] - free["resident"],
+                    "hbm_taken_by_swap_in_bytes": free["before_swap_in"] - free["resident"],
+                }
+                if nvml is not None
+                else {}
+            )
             params = {"model_bytes": size, "chunk_bytes": chunk_bytes, "streams": 2}
             results += [
                 result(
@@ -183,9 +191,7 @@ def run(
                     ratio_to_ceiling=s_ceil / s_in,
                     ratio_to_sync_baseline=s_base / s_in,
                 ),
-                result("swap_out", params, swap_out,
-                       hbm_freed_bytes=free["after_swap_out"] - free["resident"],
-                       hbm_taken_by_swap_in_bytes=free["before_swap_in"] - free["resident"]),
+                result("swap_out", params, swap_out, **hbm),
                 result("ceiling_pinned_memcpy", params, ceiling,
                        throughput_bytes_per_second=size / s_memcpy),
                 result("ceiling_copy_only", params, copy_only,
