@@ -13,3 +13,4 @@ fi
 "$venv/bin/python" -m pip install --quiet -c constraints.txt -e '.[dev]'
 "$venv/bin/python" tools/install_kube_tools.py "$venv/bin"
 "$venv/bin/python" tools/install_triton.py --python "$python" --venv .venv-triton
+"$venv/bin/python" -m modelswap_client.native_build  # the allocation shim (docs/CUDA.md)
