@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +54,16 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
+    # the host store must be memory (tmpfs), as in the chart: cuMemHostRegister refuses
+    # (CUDA_ERROR_INVALID_VALUE) a mapping of a disk-backed file
+    store_dir = Path(tempfile.mkdtemp(prefix="modelswap-gpu-torch-", dir="/dev/shm"))
+    try:
+        yield from _node(tmp_path, store_dir)
+    finally:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _node(tmp_path: Path, store_dir: Path) -> Iterator[Node]:
     from modelswap_api.wire import KvMode
     from modelswap_sidecar.allocators.cuda_vmm import CudaVmmAllocator
     from modelswap_sidecar.engine.core import Engine, EngineSettings
@@ -63,7 +74,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     from modelswap_sidecar.gpu.nvml import NvmlMemory
 
     allocator = CudaVmmAllocator(gpus=[0], nvml=NvmlMemory.open(), chunk_bytes=64 * MIB)
-    store = HostStore(tmp_path / "store", {0: 4096 * MIB})
+    store = HostStore(store_dir / "store", {0: 4096 * MIB})
     voucher = RegisteredVoucher()
     voucher.register(os.getpid(), MODEL)
     engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
