@@ -35,10 +35,10 @@ step() {  # step NAME TIMEOUT_SECONDS COMMAND...: run, log to $OUT/NAME.log, not
 } >"$OUT/versions.txt" 2>&1
 nvidia-smi >"$work/nvidia-smi-before.txt" 2>&1
 
-step native 60 python3 -m modelswap_client.native_build
-step tests-gpu 330 python3 -m pytest --confcutdir=tests/gpu -p no:cacheprovider tests/gpu -v -rA
-step record 120 python3 tests/gpu/record_cycles.py --out "$work/recordings"
-step bench 240 python3 bench/gpu_swap.py --sizes-mib 1024,4096,16384 --repeats 3
+step native 30 python3 -m modelswap_client.native_build
+step tests-gpu 200 python3 -m pytest --confcutdir=tests/gpu -p no:cacheprovider tests/gpu -v -rA
+step record 60 python3 tests/gpu/record_cycles.py --out "$work/recordings"
+step bench 150 python3 bench/gpu_swap.py --sizes-mib 1024,4096,16384 --repeats 3
 
 cp bench/results/*/gpu-swap.json "$work/results/" 2>/dev/null
 nvidia-smi >"$work/nvidia-smi-after.txt" 2>&1
