@@ -1,5 +1,5 @@
-"""The gateway's server: KServe v2 (`v2`) and OpenAI (`openai_handlers`) routes in front of
-Triton, served on its own port.
+"""The gateway's server: KServe v2 (`v2`) and OpenAI (`openai_handlers`,
+`embeddings_handlers`) routes in front of Triton, served on its own port.
 
     app = make_app(directory, settings, registry=registry)
     runner = await start(app)          # listening on settings.host:settings.port
@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 from prometheus_client import CollectorRegistry
 
-from modelswap_sidecar.gateway import openai, openai_handlers, v2
+from modelswap_sidecar.gateway import embeddings_handlers, openai, openai_handlers, v2
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelDirectory
 from modelswap_sidecar.gateway.errors import (
@@ -65,6 +65,7 @@ class GatewayApp:
         self.paths: PathTable[Handler] = PathTable()
         v2.add_routes(self.paths)
         openai_handlers.add_routes(self.paths)
+        embeddings_handlers.add_routes(self.paths)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Route the request, answer errors, count it by model and status."""

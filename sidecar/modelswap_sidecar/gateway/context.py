@@ -4,12 +4,13 @@ one `Call` per request."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from aiohttp import web
 
 from modelswap_sidecar.gateway.directory import ModelDirectory, ModelRoute
+from modelswap_sidecar.gateway.embeddings import CheckedModels
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings
@@ -28,6 +29,8 @@ class Gateway:
     metrics: GatewayMetrics
     #: Wall-clock seconds (epoch), for last-request times and OpenAI `created`.
     clock: Callable[[], float]
+    #: Models whose configuration was found to keep the `/v1/embeddings` contract.
+    embedding_models: CheckedModels = field(default_factory=CheckedModels)
 
 
 class Call:

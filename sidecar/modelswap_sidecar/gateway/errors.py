@@ -2,6 +2,9 @@
 
     GatewayError                    status, reason, message, retry_after_seconds
     ├── BadRequestError             400 BadRequest        malformed body, unsupported field
+    ├── NotAnEmbeddingModelError    400 NotAnEmbeddingModel `/v1/embeddings` for a model whose
+    │                                                     configuration lacks the contract's
+    │                                                     tensors (the message names them)
     ├── NamespaceRequiredError      400 NamespaceRequired no Service host, no /ns/ prefix,
     │                                                     and not local mode
     ├── RouteNotFoundError          404 NotFound          a path the gateway does not serve
@@ -21,6 +24,9 @@
     │                                                     `ensure_resident` with its reason
     ├── UpstreamError               503 UpstreamUnavailable + Retry-After: Triton did not
     │                                                     answer, or its answer broke off
+    ├── BadModelAnswerError         502 BadModelAnswer    the model answered, but not what its
+    │                                                     contract promised (an embedding of
+    │                                                     the wrong shape)
     └── TritonRefusedError          Triton's status, TritonError: Triton's own refusal,
                                     relayed (OpenAI routes)
 
@@ -118,6 +124,16 @@ class SwapInFailedError(GatewayError):
 class UpstreamError(GatewayError):
     status = 503
     reason = "UpstreamUnavailable"
+
+
+class NotAnEmbeddingModelError(GatewayError):
+    status = 400
+    reason = "NotAnEmbeddingModel"
+
+
+class BadModelAnswerError(GatewayError):
+    status = 502
+    reason = "BadModelAnswer"
 
 
 class TritonRefusedError(GatewayError):

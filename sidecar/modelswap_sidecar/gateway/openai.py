@@ -48,13 +48,13 @@ class TextRequest:
         return body
 
 
-def _object(body: Any) -> Mapping[str, Any]:
+def request_object(body: Any) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise BadRequestError("the body must be a JSON object")
     return body
 
 
-def _model(body: Mapping[str, Any]) -> str:
+def model_field(body: Mapping[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("model: a model name is required")
@@ -93,19 +93,19 @@ def _common(body: Mapping[str, Any]) -> tuple[bool, int | None, dict[str, Parame
 
 def parse_completion(body: Any) -> TextRequest:
     """`POST /v1/completions`."""
-    body = _object(body)
+    body = request_object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise BadRequestError("prompt: must be a string (token ids and batches are not supported)")
     stream, max_tokens, parameters = _common(body)
-    return TextRequest("completion", _model(body), prompt, stream, max_tokens, parameters)
+    return TextRequest("completion", model_field(body), prompt, stream, max_tokens, parameters)
 
 
 def parse_chat(body: Any) -> TextRequest:
     """`POST /v1/chat/completions`."""
-    body = _object(body)
+    body = request_object(body)
     if body.get("tools") or body.get("functions"):
         raise BadRequestError("tools: not supported")
     messages = body.get("messages")
@@ -113,7 +113,7 @@ def parse_chat(body: Any) -> TextRequest:
         raise BadRequestError("messages: a non-empty list is required")
     stream, max_tokens, parameters = _common(body)
     prompt = chat_prompt(messages)
-    return TextRequest("chat", _model(body), prompt, stream, max_tokens, parameters)
+    return TextRequest("chat", model_field(body), prompt, stream, max_tokens, parameters)
 
 
 def _content(message: Any, index: int) -> tuple[str, str]:

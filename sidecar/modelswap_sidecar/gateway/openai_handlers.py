@@ -99,7 +99,7 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
         ) as answer:
             if answer.status != 200:
                 raw = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
-                raise TritonRefusedError(_message_of(raw), answer.status)
+                raise TritonRefusedError(triton_message(raw), answer.status)
             parser = sse.EventParser()
             async for chunk in gw.upstream.chunks(answer):
                 for event in parser.feed(chunk):
@@ -130,7 +130,8 @@ async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Eve
         await exchange.write(sse.data_event(json.dumps(chunk)))
 
 
-def _message_of(raw: bytes) -> str:
+def triton_message(raw: bytes) -> str:
+    """The message of Triton's error answer (`{"error": message}`), or its text."""
     try:
         parsed = json.loads(raw)
     except ValueError:

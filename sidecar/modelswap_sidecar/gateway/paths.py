@@ -4,7 +4,8 @@ The gateway's paths have few shapes, matched here by their segments rather than 
 general router trying patterns one after another:
 
     /v2/health/live, /v2/health/ready, /v2                       fixed (no /ns/ prefix)
-    [/ns/{ns}]/v1/models, /v1/completions, /v1/chat/completions  scoped
+    [/ns/{ns}]/v1/models, /v1/completions, /v1/chat/completions,
+        /v1/embeddings                                           scoped
     [/ns/{ns}]/v2/models/{model}[/versions/{version}][/{tail}]   a v2 model's endpoints
     [/ns/{ns}]/v1/models/{model}                                 an OpenAI model (may hold /)
 
