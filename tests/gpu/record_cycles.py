@@ -52,7 +52,7 @@ VMM_MODEL_BYTES = 128 * MIB
 VMM_CHUNK_BYTES = 64 * MIB
 BACKENDS = ("cuda-vmm", "managed")
 FAKE_TOTAL_BYTES = 1024 * MIB
-CYCLE_TIMEOUT_SECONDS = 240.0
+CYCLE_TIMEOUT_SECONDS = 90.0  # each cycle takes seconds; a hang must not eat a GPU lease
 WRAP_ENV = "MODELSWAP_CUDA_WRAP"  # modelswap_client.cuda_compat.WRAP_ENV (not imported here)
 
 

@@ -361,21 +361,31 @@ class Recorder:
             return proxy
 
     def log(self, api: str, fn: str, args: tuple[Any, ...], result: Any, raised: Any) -> None:
+        """Record one returned (or raised) call. Never raises: a recorder fault must not
+        change the run it records, so it is written down as the call's `recorder_error`."""
         role = self.current_role()
         with self._lock:
             symbols = self._symbols.setdefault(role, _Symbols())
             n = Normaliser(symbols)
-            entry: dict[str, Any] = {"fn": fn, "api": api, "args": n.args(fn, args)}
-            if raised is not None:
-                entry["raised"] = f"{type(raised).__name__}: {raised}"
-            else:
-                parts = result if isinstance(result, tuple) else (result,)
-                entry["code"] = n.value(parts[0])
-                entry["out"] = n.outputs(fn, args, tuple(parts[1:]))
-                if _as_int(parts[0]) == 0:
-                    n.retire(fn, args)
+            entry: dict[str, Any] = {"fn": fn, "api": api}
+            try:
+                entry["args"] = n.args(fn, args)
+                if raised is not None:
+                    entry["raised"] = f"{type(raised).__name__}: {raised}"
+                else:
+                    parts = result if isinstance(result, tuple) else (result,)
+                    entry["code"] = n.value(parts[0])
+                    entry["out"] = n.outputs(fn, args, tuple(parts[1:]))
+                    if _as_int(parts[0]) == 0:
+                        n.retire(fn, args)
+                json.dumps(entry)
+            except Exception as e:
+                entry = {"fn": fn, "api": api, "recorder_error": f"{type(e).__name__}: {e}"}
             self._calls.setdefault(role, []).append(entry)
-            self._write(role, entry)
+            try:
+                self._write(role, entry)
+            except OSError as e:
+                print(f"cuda_recorder: cannot write {self.path(role)}: {e}", file=sys.stderr)
 
     def _write(self, role: str, entry: dict[str, Any]) -> None:
         path = self.path(role)

@@ -92,9 +92,17 @@ def facts_of(recording: dict[str, Any]) -> dict[str, Any]:
     outputs of the `MACHINE_FACTS` calls (for the record: GPU name, driver version)."""
     version = str(recording.get("meta", {}).get("bindings_version", ""))
     head = version.split(".", 1)[0]
-    facts: dict[str, Any] = {"major": int(head) if head.isdigit() else 13, "attributes": {}}
+    facts: dict[str, Any] = {
+        "major": int(head) if head.isdigit() else 13,
+        "attributes": {},
+        "attribute_errors": {},
+    }
     for call in _all_calls(recording):
         fn, out = call["fn"], call.get("out") or []
+        if fn == "cuDeviceGetAttribute" and "code" in call and not _ok(call):
+            match = _ENUM.match(str(call["args"][0]))
+            if match:
+                facts["attribute_errors"][match.group(2)] = call["code"]
         if not _ok(call) or not out:
             continue
         if fn in ("cuDeviceGetCount", "cudaGetDeviceCount"):
@@ -115,9 +123,12 @@ def facts_of(recording: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_facts(fake: Any, facts: dict[str, Any]) -> None:
-    """Give every device of a `FakeCuda` the recorded attribute values."""
+    """Give every device of a `FakeCuda` the recorded attribute values; an attribute the
+    driver refused is taken away (the fake then refuses it too, with its own code)."""
     for device in fake.devices:
         device.attributes.update(facts.get("attributes", {}))
+        for name in facts.get("attribute_errors", {}):
+            device.attributes.pop(name, None)
 
 
 # --- rendering and comparing --------------------------------------------------------------
@@ -135,6 +146,8 @@ def render(call: dict[str, Any]) -> str:
     head = f"{call.get('api', '?')}.{call['fn']}({args})"
     if "raised" in call:
         return f"{head} -> raised {call['raised']}"
+    if "recorder_error" in call:
+        return f"{head} -> the recorder failed: {call['recorder_error']}"
     out = call.get("out") or []
     if call["fn"] in MACHINE_FACTS:
         shown = ", ".join("<fact>" for _ in out)
@@ -144,7 +157,9 @@ def render(call: dict[str, Any]) -> str:
 
 
 def lines(calls: list[dict[str, Any]]) -> list[str]:
-    return [render(c) for c in calls if _POLLS.get(c["fn"]) != c.get("code")]
+    return [
+        render(c) for c in calls if not (c["fn"] in _POLLS and _POLLS[c["fn"]] == c.get("code"))
+    ]
 
 
 def compare(
@@ -157,6 +172,10 @@ def compare(
     """Every difference between two recordings' call sequences, as readable text; [] if none."""
     problems = []
     want, got = expected["calls"], actual["calls"]
+    for name, recording in ((expected_name, expected), (actual_name, actual)):
+        faults = [c for c in _all_calls(recording) if "recorder_error" in c]
+        if faults:
+            problems.append(f"{name}: the recorder failed on {len(faults)} calls: {faults[:3]}")
     if sorted(want) != sorted(got):
         problems.append(
             f"roles differ: {expected_name} has {sorted(want)}, {actual_name} has {sorted(got)}"
@@ -188,6 +207,7 @@ def _walk(value: Any, found: dict[str, set[str]]) -> None:
     elif isinstance(value, dict):
         kind = value.get("struct")
         if isinstance(kind, str):
+            found.setdefault("struct_type", set()).add(kind)
             found.setdefault("struct", set()).update(f"{kind}.{k}" for k in value if k != "struct")
         for k, v in value.items():
             if k != "struct":
@@ -241,12 +261,14 @@ def fake_gaps(recording: dict[str, Any], driver: Any, runtime: Any) -> list[str]
     for name in sorted(found.get("type", ())):
         if lookup(name) is None:
             gaps.append(f"type {name} is missing")
+    for kind in sorted(found.get("struct_type", ())):
+        if lookup(kind) is None:
+            gaps.append(f"struct type {kind} is missing")
     for name in sorted(found.get("struct", ())):
         kind, field = name.split(".", 1)
         struct_type = lookup(kind)
         if struct_type is None:
-            gaps.append(f"struct type {kind} is missing")
-            continue
+            continue  # said above
         try:
             try:
                 instance = struct_type()
