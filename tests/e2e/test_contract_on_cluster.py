@@ -58,7 +58,11 @@ def create_dry_run(api: Any, document: dict[str, Any]) -> None:
     )
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "toy").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_examples_are_accepted(api: Any, path: Path) -> None:
     create_dry_run(api, yaml.safe_load(path.read_text()))
 

@@ -63,7 +63,7 @@ from tests.support.waiting import until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
-EXAMPLES = REPO_ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples" / "toy"
 GROUP, VERSION = "modelswap.io", "v1alpha1"
 SOURCE_SECRET = "mlp-source"
 SOURCE_AUTHORIZATION = "Bearer source-token-1"

@@ -22,7 +22,7 @@ from tests.support.waiting import wait_for
 
 G, V, P = RESOURCE
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
-EXAMPLE = REPO_ROOT / "examples" / "classify-drop-on-idle.yaml"
+EXAMPLE = REPO_ROOT / "examples" / "toy" / "classify-drop-on-idle.yaml"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tests.support.waiting import wait_for
 
 INVALID = sorted((REPO_ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
-CLASSIFY = REPO_ROOT / "examples" / "classify-drop-on-idle.yaml"
+CLASSIFY = REPO_ROOT / "examples" / "toy" / "classify-drop-on-idle.yaml"
 CLASSIFY_POLICY = yaml.safe_load(CLASSIFY.read_text())["spec"]["swapPolicy"]
 
 

@@ -56,7 +56,7 @@ README = REPO_ROOT / "README.md"
 CHART = REPO_ROOT / "charts" / "modelswap"
 BIN = Path(sys.executable).parent
 HELMS = {"helm4": BIN / "helm", "helm3": BIN / "helm3"}
-MODEL = REPO_ROOT / "examples" / "classify-drop-on-idle.yaml"
+MODEL = REPO_ROOT / "examples" / "toy" / "classify-drop-on-idle.yaml"
 #: What the node controller adds to a cordoned Node (TaintNodesByCondition).
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from tests.support.waiting import until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 T = TypeVar("T")
-EXAMPLES = REPO_ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples" / "toy"  # the numpy models: quick to load
 
 
 def ready(objects: Objects, name: str, namespace: str = "default") -> dict[str, Any] | None:

@@ -48,7 +48,7 @@ from tests.support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 T = TypeVar("T")
-EXAMPLES = REPO_ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples" / "toy"
 
 SEED = 20261123
 KILLS = 6

@@ -12,19 +12,28 @@ from modelswap_sidecar.local.status import COLUMNS, rows, short_age, table
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TOY = ROOT / "examples" / "toy"
+
+
 def test_the_examples_read_without_problems_and_uids_are_stable() -> None:
-    models, problems = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    models, problems = read_folder(TOY, BUILTIN_DEFAULTS)
     assert problems == []
     assert sorted(m.name for m in models) == ["chat-pinned", "classify", "summarize"]
     chat = next(m for m in models if m.name == "chat-pinned")
     assert chat.uid == local_uid("default", "chat-pinned")
     assert chat.policy.pinned
-    again, _ = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    again, _ = read_folder(TOY, BUILTIN_DEFAULTS)
     assert {m.uid for m in again} == {m.uid for m in models}
 
 
+def test_the_real_model_examples_read_without_problems() -> None:
+    models, problems = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    assert problems == []
+    assert "embed" in {m.name for m in models}
+
+
 def test_a_bad_file_names_its_field_and_the_rest_are_kept(tmp_path: Path) -> None:
-    good = (ROOT / "examples" / "classify-drop-on-idle.yaml").read_text()
+    good = (TOY / "classify-drop-on-idle.yaml").read_text()
     (tmp_path / "good.yaml").write_text(good)
     (tmp_path / "late.yaml").write_text(good.replace("idleAfter: 30s", "idleAfter: 5s"))
     (tmp_path / "bad.yml").write_text(
@@ -42,7 +51,7 @@ def test_a_bad_file_names_its_field_and_the_rest_are_kept(tmp_path: Path) -> Non
 
 
 def test_generations_grow_only_when_the_spec_changes() -> None:
-    models, _ = read_folder(ROOT / "examples", BUILTIN_DEFAULTS)
+    models, _ = read_folder(TOY, BUILTIN_DEFAULTS)
     generations = Generations()
     first = desired_set(models, generations, counter=1, node_name="local")
     second = desired_set(models, generations, counter=2, node_name="local")

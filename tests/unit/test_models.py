@@ -6,7 +6,9 @@ import yaml
 from modelswap_api.errors import ModelError
 from modelswap_api.models import ModelDeployment, SwapNode
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+FOLDER = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = sorted(FOLDER.glob("*.yaml")) + sorted((FOLDER / "toy").glob("*.yaml"))
+CLASSIFY = FOLDER / "toy" / "classify-drop-on-idle.yaml"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -21,7 +23,7 @@ def test_examples_round_trip_yaml_model_yaml_unchanged(path: Path) -> None:
 
 def test_quantities_and_durations_are_parsed_and_names_default() -> None:
     model = ModelDeployment.from_dict(
-        yaml.safe_load((EXAMPLES[0].parent / "summarize-idle-preserve-kv.yaml").read_text())
+        yaml.safe_load((FOLDER / "toy" / "summarize-idle-preserve-kv.yaml").read_text())
     )
     assert model.spec.model.weights_bytes.bytes == 64 << 20
     assert model.spec.swap_policy is not None and model.spec.swap_policy.idle_after is not None
@@ -30,11 +32,11 @@ def test_quantities_and_durations_are_parsed_and_names_default() -> None:
 
 
 def test_unknown_and_mistyped_fields_are_refused_with_their_path() -> None:
-    document = yaml.safe_load(EXAMPLES[0].read_text())
+    document = yaml.safe_load(CLASSIFY.read_text())
     document["spec"]["swapPolicy"]["pinnned"] = True
     with pytest.raises(ModelError, match=r"^spec\.swapPolicy\.pinnned: unknown field"):
         ModelDeployment.from_dict(document)
-    document = yaml.safe_load(EXAMPLES[0].read_text())
+    document = yaml.safe_load(CLASSIFY.read_text())
     document["spec"]["swapPolicy"]["priority"] = "high"
     with pytest.raises(ModelError, match=r"^spec\.swapPolicy\.priority: expected int"):
         ModelDeployment.from_dict(document)

@@ -12,7 +12,9 @@ from modelswap_api.resources import validate_resource
 from modelswap_api.validation import SchemaValidator
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted(
+    (ROOT / "examples" / "toy").glob("*.yaml")
+)
 INVALID = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
 
 SCHEMA: dict[str, Any] = {
