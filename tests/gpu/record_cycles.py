@@ -52,7 +52,11 @@ VMM_MODEL_BYTES = 128 * MIB
 VMM_CHUNK_BYTES = 64 * MIB
 BACKENDS = ("cuda-vmm", "managed")
 FAKE_TOTAL_BYTES = 1024 * MIB
-CYCLE_TIMEOUT_SECONDS = 90.0  # each cycle takes seconds; a hang must not eat a GPU lease
+#: a cycle takes seconds on a GPU; two of these fit run_on_device.sh's 60 s for the step,
+#: so a hung cycle still leaves the other its time. The fake copies bytes in Python and
+#: shares the CPUs with the rest of `make test`: it gets longer.
+CYCLE_TIMEOUT_SECONDS = 28.0
+FAKE_CYCLE_TIMEOUT_SECONDS = 120.0
 WRAP_ENV = "MODELSWAP_CUDA_WRAP"  # modelswap_client.cuda_compat.WRAP_ENV (not imported here)
 
 
@@ -94,8 +98,13 @@ def _ask(child: Any, body: dict[str, Any], fds: list[int] | None = None) -> dict
     socket.send_fds(child.sock, [json.dumps(body).encode()], fds or [])
     data, received, _flags, _addr = socket.recv_fds(child.sock, 1 << 16, 64)
     if not data:
-        problem = getattr(child, "error", None) or f"exit {child.proc.poll()}"
-        raise RuntimeError(f"the model process's side ended during {body['op']}: {problem!r}")
+        problem = getattr(child, "error", None)
+        if problem is None:  # a real process: its traceback is in the cycle's log
+            try:
+                problem = f"exit {child.proc.wait(timeout=10)}"
+            except subprocess.TimeoutExpired:
+                problem = "closed its socket but has not exited"
+        raise RuntimeError(f"the model process's side ended during {body['op']}: {problem}")
     reply: dict[str, Any] = json.loads(data)
     reply["fds"] = list(received)
     return reply
@@ -163,7 +172,9 @@ def cuda_vmm_cycle(*, fake: bool) -> None:
                 os.close(fd)
         swap_out()
     finally:
-        child.stop()
+        # it may have ended already, its exit status collected by `_ask`: nothing to stop
+        with contextlib.suppress(ProcessLookupError):
+            child.stop()
         os.close(weights)
         allocator.close()
     proc = getattr(child, "proc", None)
@@ -234,7 +245,14 @@ def run_cycle(backend: str, *, fake: bool, facts_file: str | None) -> int:
     return 0
 
 
-def record(backend: str, out: Path, *, fake: bool, facts_file: str | None = None) -> Path:
+def record(
+    backend: str,
+    out: Path,
+    *,
+    fake: bool,
+    facts_file: str | None = None,
+    timeout_seconds: float | None = None,
+) -> Path:
     """Run one cycle in a fresh process under the recorder; combine its files into
     `out/<backend>.json`. Raises RuntimeError (with the log's tail) when the cycle failed."""
     from tests.support.cuda_recorder import RECORD_ENV, ROLE_ENV, WRAP_SPEC
@@ -257,11 +275,12 @@ def record(backend: str, out: Path, *, fake: bool, facts_file: str | None = None
     if facts_file:
         cmd += ["--facts", facts_file]
     log_path = out / f"{backend}.log"
+    limit = timeout_seconds or (FAKE_CYCLE_TIMEOUT_SECONDS if fake else CYCLE_TIMEOUT_SECONDS)
     started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.run(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            timeout=CYCLE_TIMEOUT_SECONDS, check=False,
+            timeout=limit, check=False,
         )  # fmt: skip
     seconds = time.monotonic() - started
     if proc.returncode != 0:
@@ -288,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fake", action="store_true", help="the fake cuda.bindings, no GPU")
     parser.add_argument("--facts", help="(with --fake) a recording whose device facts to use")
     parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: all")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help=f"seconds per cycle (default {CYCLE_TIMEOUT_SECONDS:.0f}, {FAKE_CYCLE_TIMEOUT_SECONDS:.0f} on the fake)",
+    )
     parser.add_argument("--cycle", choices=BACKENDS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cycle:
@@ -302,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
             default = ROOT / "tests" / "data" / "cuda_recordings" / f"{backend}.json"
             facts = str(default) if default.exists() else None
         try:
-            path = record(backend, out, fake=args.fake, facts_file=facts)
+            path = record(
+                backend, out, fake=args.fake, facts_file=facts, timeout_seconds=args.timeout
+            )
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"FAILED {backend}: {e}", file=sys.stderr)
             failed += 1

@@ -280,3 +280,23 @@ def fake_gaps(recording: dict[str, Any], driver: Any, runtime: Any) -> list[str]
         if not hasattr(instance, field):
             gaps.append(f"struct field {name} is missing")
     return sorted(set(gaps), key=gaps.index)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.cuda_replay EXPECTED.json ACTUAL.json``: print the
+    differences between two recordings (e.g. a GPU's and the fake's); exit 1 if any."""
+    if len(argv) != 2:
+        print("usage: python -m tests.support.cuda_replay EXPECTED.json ACTUAL.json")
+        return 2
+    expected, actual = (load_recording(p) for p in argv)
+    problems = compare(expected, actual, expected_name=argv[0], actual_name=argv[1])
+    for problem in problems:
+        print(problem, end="\n\n")
+    print(f"{len(problems)} differences" if problems else "same calls")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
