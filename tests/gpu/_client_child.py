@@ -6,7 +6,7 @@ fds attached with SCM_RIGHTS:
     → {"op": "reserve", "bytes": N}                    ← {"address": A}
     → {"op": "map", "chunks": [{"offset", "bytes"}...], "host_bytes": N} + chunk fds + host fd
                                                        ← {"sha256": ..., "address": A}
-    → {"op": "export"}                      ← {"exported": [{"offset", "bytes"}...]} + fds
+    → {"op": "export"}      ← {"exported": [{"offset", "bytes"}...]} + fds, or {"error": ...}
     → {"op": "unmap"}                                  ← {"ok": true}
     → {"op": "exit"}
 
@@ -83,10 +83,16 @@ def serve(device: str, sock: socket.socket) -> int:
             os.close(staging)
             send({"sha256": digest.hexdigest(), "address": reservation.address})
         elif msg["op"] == "export":
-            exported = [mapper.export_mapped_fd(address) for address, _, _ in handles]
             assert reservation is not None
-            specs = [{"offset": a - reservation.address, "bytes": n} for a, n, _ in handles]
-            send({"exported": specs}, exported)
+            exported: list[int] = []
+            try:
+                for address, _, _ in handles:
+                    exported.append(mapper.export_mapped_fd(address))
+            except Exception as e:  # answered, so the caller can still swap out and close
+                send({"error": f"{type(e).__name__}: {e}"})
+            else:
+                specs = [{"offset": a - reservation.address, "bytes": n} for a, n, _ in handles]
+                send({"exported": specs}, exported)
             for fd in exported:
                 os.close(fd)  # sent: the receiver holds its own copies
         elif msg["op"] == "unmap":

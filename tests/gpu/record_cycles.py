@@ -4,8 +4,9 @@
     python tests/gpu/record_cycles.py --fake --out DIR      # here: the fake cuda.bindings
 
 Writes `DIR/cuda-vmm.json` and `DIR/managed.json` (the per-process `*.jsonl` files they
-are combined from stay beside them; a cycle that failed leaves its partial `*.jsonl` and a
-`*.log`). Each cycle runs in a fresh process with `tests/support/cuda_recorder.py` wrapped
+are combined from stay beside them, with each cycle's `*.log`); a cycle that failed writes
+`DIR/<backend>.partial.json` instead, its calls up to the failure (a refused readopt export
+is answered, so swap-out and close are recorded after it), and the script exits 1. Each cycle runs in a fresh process with `tests/support/cuda_recorder.py` wrapped
 around the bindings (`MODELSWAP_CUDA_WRAP`), so its first call is the backend's `cuInit`:
 
 - cuda-vmm: this process is the agent (`CudaVmmAllocator`: create, export, release,
@@ -131,6 +132,7 @@ def cuda_vmm_cycle(*, fake: bool) -> None:
     count = VMM_MODEL_BYTES // VMM_CHUNK_BYTES
     specs = [{"offset": i * VMM_CHUNK_BYTES, "bytes": VMM_CHUNK_BYTES} for i in range(count)]
     held: list[Any] = []
+    readopt_error: str | None = None
     try:
         address = _ask(child, {"op": "reserve", "bytes": VMM_MODEL_BYTES})["address"]
 
@@ -159,14 +161,17 @@ def cuda_vmm_cycle(*, fake: bool) -> None:
         swap_in()
         reply = _ask(child, {"op": "export"})
         try:
-            if [s["offset"] for s in reply["exported"]] != [s["offset"] for s in specs]:
+            if "error" in reply:  # swap out and close all the same: the rest is recorded too
+                readopt_error = reply["error"]
+            elif [s["offset"] for s in reply["exported"]] != [s["offset"] for s in specs]:
                 raise AssertionError(f"readopt exported {reply['exported']}, mapped {specs}")
-            # a restarted agent holds only what it readopts: the old handles go first
-            for chunk in list(held):
-                allocator.release(chunk)
-                held.remove(chunk)
-            for spec, fd in zip(reply["exported"], reply["fds"], strict=True):
-                held.append(allocator.adopt_fd(loc, fd, int(spec["bytes"])))
+            else:
+                # a restarted agent holds only what it readopts: the old handles go first
+                for chunk in list(held):
+                    allocator.release(chunk)
+                    held.remove(chunk)
+                for spec, fd in zip(reply["exported"], reply["fds"], strict=True):
+                    held.append(allocator.adopt_fd(loc, fd, int(spec["bytes"])))
         finally:
             for fd in reply["fds"]:
                 os.close(fd)
@@ -180,6 +185,8 @@ def cuda_vmm_cycle(*, fake: bool) -> None:
     proc = getattr(child, "proc", None)
     if proc is not None and proc.returncode != 0:
         raise AssertionError(f"the model process exited {proc.returncode}")
+    if readopt_error is not None:
+        raise AssertionError(f"readopt: the model process could not export: {readopt_error}")
 
 
 def managed_cycle(*, fake: bool) -> None:
@@ -224,8 +231,11 @@ def install_fake(facts: dict[str, Any] | None) -> Any:
 # --- driver -------------------------------------------------------------------------------
 
 
-def run_cycle(backend: str, *, fake: bool, facts_file: str | None) -> int:
-    """The body of one cycle's process (`--cycle`): the recorder is already configured."""
+def run_cycle(
+    backend: str, *, fake: bool, facts_file: str | None, fake_fail: str | None = None
+) -> int:
+    """The body of one cycle's process (`--cycle`): the recorder is already configured.
+    `fake_fail` names a call the fake answers with an error the first time (tests)."""
     if fake:
         facts = None
         if facts_file:
@@ -233,6 +243,8 @@ def run_cycle(backend: str, *, fake: bool, facts_file: str | None) -> int:
 
             facts = facts_of(load_recording(facts_file))
         fake_machine = install_fake(facts)
+        if fake_fail:
+            fake_machine.fail(fake_fail, code=1)  # CUDA_ERROR_INVALID_VALUE
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     role = "client" if backend == "managed" else "agent"
     from tests.support.cuda_recorder import recorder
@@ -252,6 +264,7 @@ def record(
     fake: bool,
     facts_file: str | None = None,
     timeout_seconds: float | None = None,
+    fake_fail: str | None = None,
 ) -> Path:
     """Run one cycle in a fresh process under the recorder; combine its files into
     `out/<backend>.json`. Raises RuntimeError (with the log's tail) when the cycle failed."""
@@ -274,6 +287,8 @@ def record(
         cmd.append("--fake")
     if facts_file:
         cmd += ["--facts", facts_file]
+    if fake_fail:
+        cmd += ["--fake-fail", fake_fail]
     log_path = out / f"{backend}.log"
     limit = timeout_seconds or (FAKE_CYCLE_TIMEOUT_SECONDS if fake else CYCLE_TIMEOUT_SECONDS)
     started = time.monotonic()
@@ -283,10 +298,14 @@ def record(
             timeout=limit, check=False,
         )  # fmt: skip
     seconds = time.monotonic() - started
+    files = {role: Path(f"{prefix}.{role}.jsonl") for role in ROLES[backend]}
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
+        partial = {role: str(p) for role, p in files.items() if p.exists()}
+        if partial:  # the calls up to the failure, readable beside the log (never replayed)
+            recording = combine(backend, partial)
+            (out / f"{backend}.partial.json").write_text(json.dumps(recording, indent=1) + "\n")
         raise RuntimeError(f"{backend} cycle exited {proc.returncode} ({log_path}):\n{tail}")
-    files = {role: Path(f"{prefix}.{role}.jsonl") for role in ROLES[backend]}
     missing = [str(p) for p in files.values() if not p.exists()]
     if missing:
         raise RuntimeError(f"{backend} cycle recorded nothing into {missing}")
@@ -313,9 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds per cycle (default {CYCLE_TIMEOUT_SECONDS:.0f}, {FAKE_CYCLE_TIMEOUT_SECONDS:.0f} on the fake)",
     )
     parser.add_argument("--cycle", choices=BACKENDS, help=argparse.SUPPRESS)
+    parser.add_argument("--fake-fail", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cycle:
-        return run_cycle(args.cycle, fake=args.fake, facts_file=args.facts)
+        return run_cycle(
+            args.cycle, fake=args.fake, facts_file=args.facts, fake_fail=args.fake_fail
+        )
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)

@@ -595,3 +595,50 @@ def test_the_command_line_compare_prints_the_diff_and_fails(
     assert "-driver.cuMemMap($va#1+0x0, 67108864," in out
     assert "+driver.cuMemMap($va#1+0x0, 33554432," in out
     assert out.endswith("1 differences\n")
+
+
+# --- the cycles' failure paths --------------------------------------------------------------
+
+
+@pytest.mark.timeout(200)
+def test_a_failed_cycle_reports_its_log_and_leaves_its_calls_as_a_partial_recording(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(RuntimeError) as failed:
+        record_cycles.record("cuda-vmm", tmp_path, fake=True, fake_fail="cuMemAddressReserve")
+    message = str(failed.value)
+    assert message.startswith(f"cuda-vmm cycle exited 1 ({tmp_path / 'cuda-vmm.log'})")
+    assert "cuMemAddressReserve failed: CUDA_ERROR_INVALID_VALUE" in message
+    assert not (tmp_path / "cuda-vmm.json").exists()  # never a replayable recording
+    partial = load_recording(str(tmp_path / "cuda-vmm.partial.json"))
+    (reserve,) = [c for c in partial["calls"]["client"] if c["fn"] == "cuMemAddressReserve"]
+    assert reserve["code"] == "CUresult.CUDA_ERROR_INVALID_VALUE"
+    assert partial["calls"]["agent"][0]["fn"] == "cuInit"
+
+
+@pytest.mark.timeout(200)
+def test_a_refused_readopt_export_still_swaps_out_and_closes_then_fails_the_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modelswap_client.mappers.base import MapperError
+    from modelswap_client.mappers.cuda_vmm import CudaVmmMapper
+
+    monkeypatch.delenv(cc.WRAP_ENV, raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    fake = install(monkeypatch, FakeCuda(total_bytes=1024 * MIB))
+
+    def refuse(self: CudaVmmMapper, address: int) -> int:
+        raise MapperError("cuMemExportToShareableHandle failed: CUDA_ERROR_INVALID_VALUE (1)")
+
+    monkeypatch.setattr(CudaVmmMapper, "export_mapped_fd", refuse)
+    with pytest.raises(
+        AssertionError, match="readopt: the model process could not export: MapperError"
+    ):
+        record_cycles.cuda_vmm_cycle(fake=True)
+    names = fake.names()
+    last_map = max(i for i, n in enumerate(names) if n == "cuMemMap")
+    assert names.count("cuMemUnmap") == 4 and names.index("cuMemAddressFree") > last_map
+    assert fake.violations == []
+    assert fake.live_allocations() == []
+    assert fake.mappings == {} and fake.reservations == {} and fake.registered == {}
+    assert all(n == 0 for n in fake.contexts.values())
