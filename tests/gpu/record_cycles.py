@@ -6,8 +6,9 @@
 Writes `DIR/cuda-vmm.json` and `DIR/managed.json` (the per-process `*.jsonl` files they
 are combined from stay beside them, with each cycle's `*.log`); a cycle that failed writes
 `DIR/<backend>.partial.json` instead, its calls up to the failure (a refused readopt export
-is answered, so swap-out and close are recorded after it), and the script exits 1. Each cycle runs in a fresh process with `tests/support/cuda_recorder.py` wrapped
-around the bindings (`MODELSWAP_CUDA_WRAP`), so its first call is the backend's `cuInit`:
+is answered, so swap-out and close are recorded after it), and the script exits 1.
+Each cycle runs in a fresh process with `tests/support/cuda_recorder.py` wrapped around
+the bindings (`MODELSWAP_CUDA_WRAP`), so its first call is the backend's `cuInit`:
 
 - cuda-vmm: this process is the agent (`CudaVmmAllocator`: create, export, release,
   readopt import), `_client_child.py` the model process (`CudaVmmMapper`): reserve;
