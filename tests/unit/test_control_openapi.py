@@ -184,6 +184,10 @@ async def test_real_answers_are_documented_and_match_their_schemas(
         ("post", "/v1/models/{uid}/swap-out", f"/v1/models/{uids['p']}/swap-out", None, auth),
         ("post", "/v1/models/{uid}/swap-in", f"/v1/models/{uids['a']}/swap-in", None, auth),
         ("post", "/v1/models/{uid}/swap-in", f"/v1/models/{uids['zzz']}/swap-in", None, auth),
+        ("post", "/v1/models/{uid}/reload", f"/v1/models/{uids['a']}/reload", None, auth),
+        ("post", "/v1/models/{uid}/reload", f"/v1/models/{uids['a']}/reload?hostCopy=drop", None, auth),
+        ("post", "/v1/models/{uid}/reload", f"/v1/models/{uids['a']}/reload?hostCopy=both", None, auth),
+        ("post", "/v1/models/{uid}/reload", f"/v1/models/{uids['zzz']}/reload", None, auth),
         ("delete", "/v1/models/{uid}", f"/v1/models/{uids['a']}", None, auth),
         ("delete", "/v1/models/{uid}", f"/v1/models/{uids['gone']}", None, auth),
     ]  # fmt: skip

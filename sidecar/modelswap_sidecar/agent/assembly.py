@@ -4,7 +4,8 @@ exit stack it is built on (`build(settings, stack) -> Agent`); `running.run` sta
     Kubernetes API client (cluster mode) and the control API's serving certificate
       (`ports.kube_access`, `ports.control_tls`): a setting that cannot work ends here
     allocator and GPU inventory (`gpu_setup`: sim | cuda-vmm | auto), each GPU's link
-    engine (allocator, host store, Triton stub voucher) and its protocol server (threads)
+    engine (allocator, host store, Triton stub voucher; local mode's dev loop adds the dev
+      voucher) and its protocol server (threads)
     Triton driver, source cache and resolver → model loader
     records table → metrics (sampled from it) → actuator (engine, loader, policy, records)
     backend (actuator) → control service (backend)
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from modelswap_sidecar.control.settings import ControlSettings
 from modelswap_sidecar.engine.core import Engine, EngineSettings
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.server import EngineServer
+from modelswap_sidecar.engine.vouching import AnyVoucher, DevModels, DevVoucher, Voucher
 from modelswap_sidecar.gpu.inventory import GpuInventory
 from modelswap_sidecar.gpu.links import Prober
 from modelswap_sidecar.metrics import NodeMetrics, register_link_metrics
@@ -53,7 +56,7 @@ from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.driver import TritonDriver
 from modelswap_sidecar.triton.pids import TritonPidSource
 from modelswap_sidecar.triton.repository import ModelRepository
-from modelswap_sidecar.triton.stubs import TritonVoucher
+from modelswap_sidecar.triton.stubs import TritonVoucher, is_descendant
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +107,23 @@ def sim_paces(settings: AgentSettings, inventory: GpuInventory) -> dict[int, flo
     return {i: g.pace_gbps * 1e9 for i, g in enumerate(settings.gpus) if g.pace_gbps}
 
 
+def voucher_of(pid_source: Callable[[], int | None], dev_models: DevModels | None) -> Voucher:
+    """Triton's stubs; with local mode's dev loop also a process of the agent's uid outside
+    Triton for a dev model (`engine.vouching.DevVoucher`)."""
+    triton = TritonVoucher(pid_source)
+    if dev_models is None:
+        return triton
+
+    def in_triton(pid: int) -> bool:
+        triton_pid = pid_source()
+        return triton_pid is not None and (pid == triton_pid or is_descendant(pid, triton_pid))
+
+    dev = DevVoucher(dev_models.names, uid=os.geteuid(), excluded=in_triton)
+    return AnyVoucher([triton, dev])
+
+
 def build_engine(
-    settings: AgentSettings, voucher: TritonVoucher, allocator: Allocator, inventory: GpuInventory
+    settings: AgentSettings, voucher: Voucher, allocator: Allocator, inventory: GpuInventory
 ) -> Engine:
     store = HostStore(
         settings.host_store_dir,
@@ -155,7 +173,8 @@ async def build(
         pid_file=settings.triton.pid_file,
         supervisor_state_file=settings.triton.supervisor_state_file,
     )
-    engine = build_engine(settings, TritonVoucher(pid_source), allocator, inventory)
+    dev_models = DevModels(settings.dev_models_file) if settings.dev_models_file else None
+    engine = build_engine(settings, voucher_of(pid_source, dev_models), allocator, inventory)
     stack.callback(engine.close)
     server = EngineServer(engine, settings.socket_path)
     server.start()
@@ -186,6 +205,7 @@ async def build(
         model_roots=settings.model_roots,
         mapper=inventory.mapper,
         gpu_uuids=inventory.uuids if inventory.backend != "sim" else (),
+        dev_models=dev_models.names if dev_models is not None else None,
     )
     registry = CollectorRegistry()
     records: dict[str, AgentModel] = {}

@@ -52,6 +52,10 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
       statusIntervalSeconds: 10
       minStatusWriteIntervalSeconds: 1
       nodeRefreshSeconds: 60
+    dev:                            # local mode only (refused otherwise): the dev loop
+      modelsFile: null              # JSON {"models": [engine names]} local mode writes: a
+                                    # process of the agent's uid outside Triton may attach
+                                    # as one of them, and none is loaded into Triton
     logLevel: info
     jsonLogs: true
 """
@@ -195,6 +199,10 @@ class AgentSettings:
     agent_version: str = "0.1.0"
     #: None: no heartbeat (local mode, tests without a cluster).
     kube: KubeAccess | None = None
+    #: Local mode's dev loop (`dev.modelsFile`): the file naming the models a developer's
+    #: own process serves (`engine.vouching.DevModels`); None: no dev loop (cluster mode
+    #: always: refused there).
+    dev_models_file: Path | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -313,7 +321,23 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
         kube=_kube(doc.get("kube"), str(node_name), local_mode=local_mode),
+        dev_models_file=_dev(doc.get("dev"), local_mode=local_mode),
     )
+
+
+def _dev(doc: Any, *, local_mode: bool) -> Path | None:
+    """The `dev` section's models file: refused unless `localMode: true` (a cluster node
+    vouches only for its runtime's processes), and local mode has no `kube` section."""
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        raise SettingsError("dev: expected a mapping")
+    if not local_mode:
+        raise SettingsError(
+            "dev: the dev loop (a developer's own process attaching as a model) exists in "
+            "local mode only (`modelswap up --dev`); a cluster node never takes it"
+        )
+    return _required_path(doc, "modelsFile", "dev.")
 
 
 def _control_tls(control: Mapping[str, Any]) -> tuple[str, Path | None, Path | None]:

@@ -7,6 +7,7 @@
     DELETE /v1/models/{uid}             forget a model no longer desired (host bytes too)
     POST   /v1/models/{uid}/swap-in     manual swap-in
     POST   /v1/models/{uid}/swap-out    manual swap-out
+    POST   /v1/models/{uid}/reload      load again from the source (?hostCopy=keep|drop)
     GET    /v1/openapi.yaml             the OpenAPI document (no token needed)
 
 Every other answer needs `Authorization: Bearer <token>`: 401 without one, 403 with a
@@ -74,6 +75,7 @@ def make_app(service: ControlService, token: TokenFile) -> web.Application:
     app.router.add_delete(model, _delete_model)
     app.router.add_post(model + "/swap-in", _swap_in)
     app.router.add_post(model + "/swap-out", _swap_out)
+    app.router.add_post(model + "/reload", _reload)
     app.router.add_get(OPENAPI_PATH, _openapi, allow_head=False)
     app.cleanup_ctx.append(_unload_timer)
     return app
@@ -250,6 +252,20 @@ async def _swap_in(request: web.Request) -> web.Response:
 
 async def _swap_out(request: web.Request) -> web.Response:
     return _action(await request.app[SERVICE].swap_out(_uid(request)))
+
+
+#: `hostCopy` of a reload: keep the host copy (the client binds it only while its layout
+#: fingerprint matches) or drop it (the model loads from its files).
+HOST_COPY = {"keep": True, "drop": False}
+
+
+async def _reload(request: web.Request) -> web.Response:
+    uid = _uid(request)
+    host_copy = request.query.get("hostCopy", "keep")
+    if host_copy not in HOST_COPY:
+        raise ModelError("hostCopy", f"Unsupported value: {host_copy[:40]!r}: keep or drop")
+    service = request.app[SERVICE]
+    return _action(await service.reload(uid, keep_host_copy=HOST_COPY[host_copy]))
 
 
 async def _openapi(request: web.Request) -> web.Response:

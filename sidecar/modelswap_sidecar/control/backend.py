@@ -51,3 +51,8 @@ class NodeBackend(Protocol):
     async def swap_out(self, uid: str) -> ActionResult:
         """Swap the model out now (never a pinned one); UnknownModelError."""
         ...
+
+    async def reload(self, uid: str, *, keep_host_copy: bool) -> ActionResult:
+        """Load the model again from its source (its files changed): out of the runtime,
+        its host copy kept or dropped, then loaded again; UnknownModelError."""
+        ...

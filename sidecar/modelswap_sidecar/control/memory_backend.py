@@ -151,6 +151,12 @@ class InMemoryBackend:
         record.swap_outs += 1
         return ActionResult(uid=uid, outcome="completed", reason="SwappedOut")
 
+    async def reload(self, uid: str, *, keep_host_copy: bool) -> ActionResult:
+        record = self._record(uid)
+        if not keep_host_copy:
+            record.host_bytes = 0
+        return ActionResult(uid=uid, outcome="completed", reason="Reloading")
+
     def _record(self, uid: str) -> _Record:
         record = self._records.get(uid)
         if record is None or record.state is EngineState.DROPPED:

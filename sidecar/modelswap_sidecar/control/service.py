@@ -275,3 +275,12 @@ class ControlService:
 
     async def swap_out(self, uid: str) -> ActionResult:
         return await self.backend.swap_out(uid)
+
+    async def reload(self, uid: str, *, keep_host_copy: bool) -> ActionResult:
+        if not self.may_load_new():
+            raise RefusedError(
+                "Fenced",
+                "Lease renewals and operator pushes have both failed for the grace period; "
+                "nothing new is loaded",
+            )
+        return await self.backend.reload(uid, keep_host_copy=keep_host_copy)

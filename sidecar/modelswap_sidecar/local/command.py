@@ -2,13 +2,15 @@
 
     modelswap up [-f DIR] [--run-dir D] [--model-root R] [--defaults FILE]
                  [--host H] [--port P] [--sim-gpu-bytes B ...] [--pace-gbps G]
-                 [--allocator A] [--triton-binary T]
+                 [--allocator A] [--triton-binary T] [--dev] [--no-reload]
     modelswap status [--run-dir D]
 
 `up` serves every ModelDeployment YAML file in DIR (default ./examples) through real
-Triton and the agent (sim GPUs), with the gateway on localhost, and applies edits to the
-files while it runs. Ctrl-C stops it and everything it started. `status` prints the
-columns of `kubectl get md`. See docs/LOCAL.md.
+Triton and the agent (sim GPUs), with the gateway on localhost, applies edits to the
+files while it runs, and reloads a model whose source folder (model.py, weights) changes.
+With --dev, a model annotated `modelswap.io/dev: "true"` is served by your own process
+(a script or a notebook attaches as it). Ctrl-C stops it and everything it started.
+`status` prints the columns of `kubectl get md`. See docs/LOCAL.md.
 """
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ def register_up(subparsers: Any) -> None:
         "(figures are then scaled, not link measurements; default unpaced)",
     )
     up.add_argument("--triton-binary", type=Path)
+    up.add_argument(
+        "--dev",
+        action="store_true",
+        help='the dev loop: models annotated modelswap.io/dev: "true" are served by your own '
+        "process (a script or a notebook attaches as one), never by Triton",
+    )
+    up.add_argument(
+        "--no-reload",
+        dest="reload",
+        action="store_false",
+        help="do not reload a model whose source folder (model.py, weights) changes",
+    )
     up.add_argument("--log-level", default="info")
     up.set_defaults(handler=run_up_command)
 
@@ -133,6 +147,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         sim_gpu_bytes=gpus,
         allocator=args.allocator,
         pace_gbps=pace,
+        dev=bool(getattr(args, "dev", False)),  # a Namespace built by hand may lack them
+        reload=bool(getattr(args, "reload", True)),
         log_level=args.log_level,
     )
 
@@ -155,7 +171,13 @@ def run_up_command(args: argparse.Namespace) -> int:
 
 def run_status_command(args: argparse.Namespace) -> int:
     from modelswap_sidecar.local.rundir import RunDir, pid_alive, read_json  # noqa: PLC0415
-    from modelswap_sidecar.local.status import explanations, rows, table  # noqa: PLC0415
+    from modelswap_sidecar.local.status import (  # noqa: PLC0415
+        dev_lines,
+        explanations,
+        reload_lines,
+        rows,
+        table,
+    )
 
     run = RunDir(args.run_dir.resolve())
     state = read_json(run.state_file)
@@ -179,6 +201,11 @@ def run_status_command(args: argparse.Namespace) -> int:
     )
     print(table(body))
     for line in explanations(models):
+        print(line)
+    local = state.get("models", [])
+    for line in reload_lines(local, now_seconds=time.time()):
+        print(line)
+    for line in dev_lines(local, socket_path=str(state.get("agentSocket"))):
         print(line)
     for problem in state.get("problems", []):
         print(f"skipped: {problem}")

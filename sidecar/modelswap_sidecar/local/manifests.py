@@ -7,6 +7,10 @@ Every file directly in the folder ending in `.yaml`/`.yml` is read (sub-folders 
 `models/` beside them holds the model sources). A document that fails is a `Problem`
 naming its file and field, and is skipped; the others are served. UIDs are stable
 (`local_uid`: a UUID5 of namespace/name), so an edited file keeps its model.
+
+A document annotated `modelswap.io/dev: "true"` declares a dev model (the dev loop, docs/
+LOCAL.md): a developer's own process serves it, outside Triton. Without the dev loop
+(`modelswap up` without `--dev`) such a document is a problem naming the annotation.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from modelswap_api.yaml_input import YamlInputError, load_file
 YAML_SUFFIXES = (".yaml", ".yml")
 MODEL_DEPLOYMENT = "ModelDeployment"
 DEFAULT_NAMESPACE = "default"
+#: The annotation that declares a dev model ("true"; "false" or absent: a Triton model).
+DEV_ANNOTATION = "modelswap.io/dev"
 _UID_NAMESPACE = uuid.UUID("6b1c5d2e-9a0f-4f4e-8e43-6d6f64656c73")
 
 
@@ -42,6 +48,8 @@ class LocalModel:
     #: The validated spec (wire form, as the API server would store it).
     spec: Mapping[str, Any]
     policy: EffectivePolicy
+    #: A dev model (`modelswap.io/dev: "true"`): served by a developer's own process.
+    dev: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,10 +78,33 @@ def _label(document: Mapping[str, Any], index: int) -> str:
     return f"{kind} {namespace or DEFAULT_NAMESPACE}/{name}"
 
 
+def _dev_of(metadata: Mapping[str, Any], *, dev_loop: bool) -> bool | str:
+    """Whether the object declares a dev model, or the problem with its annotation."""
+    annotations = metadata.get("annotations") or {}
+    value = annotations.get(DEV_ANNOTATION)
+    field = f"metadata.annotations[{DEV_ANNOTATION}]"
+    if value is None or value == "false":
+        return False
+    if value != "true":
+        return f'{field}: Unsupported value: {str(value)[:40]!r}: "true" or "false"'
+    if not dev_loop:
+        return (
+            f"{field}: a dev model is served by your own process, which local mode vouches "
+            "for only with `modelswap up --dev`"
+        )
+    return True
+
+
 def check_document(
-    file: Path, document: Any, index: int, defaults: Mapping[str, Any]
+    file: Path,
+    document: Any,
+    index: int,
+    defaults: Mapping[str, Any],
+    *,
+    dev_loop: bool = False,
 ) -> LocalModel | list[Problem]:
-    """One YAML document: a model to serve, or its problems (each naming its field)."""
+    """One YAML document: a model to serve, or its problems (each naming its field).
+    `dev_loop`: dev models are allowed (`modelswap up --dev`)."""
     if not isinstance(document, Mapping):
         return [Problem(file, f"document {index + 1}", "not a Kubernetes object (a mapping)")]
     label = _label(document, index)
@@ -90,12 +121,17 @@ def check_document(
     except PolicyError as e:
         return [Problem(file, label, str(error)) for error in e.errors]
     metadata = obj["metadata"]
+    dev = _dev_of(metadata, dev_loop=dev_loop)
+    if isinstance(dev, str):
+        return [Problem(file, label, dev)]
     namespace = str(metadata.get("namespace") or DEFAULT_NAMESPACE)
     name = str(metadata["name"])
-    return LocalModel(file, namespace, name, local_uid(namespace, name), spec, policy)
+    return LocalModel(file, namespace, name, local_uid(namespace, name), spec, policy, dev)
 
 
-def read_file(file: Path, defaults: Mapping[str, Any]) -> tuple[list[LocalModel], list[Problem]]:
+def read_file(
+    file: Path, defaults: Mapping[str, Any], *, dev_loop: bool = False
+) -> tuple[list[LocalModel], list[Problem]]:
     """The file's models and problems; a file refused by a limit of
     `modelswap_api.yaml_input` (size, UTF-8, aliases, depth, duplicate keys) is one problem
     naming it, and the folder's other files are served."""
@@ -110,7 +146,7 @@ def read_file(file: Path, defaults: Mapping[str, Any]) -> tuple[list[LocalModel]
     for index, document in enumerate(documents):
         if document is None:
             continue
-        checked = check_document(file, document, index, defaults)
+        checked = check_document(file, document, index, defaults, dev_loop=dev_loop)
         if isinstance(checked, LocalModel):
             models.append(checked)
         else:
@@ -119,7 +155,7 @@ def read_file(file: Path, defaults: Mapping[str, Any]) -> tuple[list[LocalModel]
 
 
 def read_folder(
-    folder: Path, defaults: Mapping[str, Any]
+    folder: Path, defaults: Mapping[str, Any], *, dev_loop: bool = False
 ) -> tuple[list[LocalModel], list[Problem]]:
     """Every valid model of `folder`'s YAML files, and the problems of the rest. A second
     document for the same namespace/name is a problem (the first one wins)."""
@@ -127,7 +163,7 @@ def read_folder(
     problems: list[Problem] = []
     seen: dict[str, Path] = {}
     for file in yaml_files(folder):
-        found, bad = read_file(file, defaults)
+        found, bad = read_file(file, defaults, dev_loop=dev_loop)
         problems.extend(bad)
         for model in found:
             first = seen.get(model.uid)

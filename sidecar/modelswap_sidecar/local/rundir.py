@@ -4,6 +4,8 @@
       local.json        who runs, where: pid, gateway and control URLs, token file,
                         Triton's shm prefix, the models served and the files refused
       token             the control API's bearer token (0600)
+      dev-models.json   --dev: the engine names of the dev models (the agent's voucher
+                        reads it)
       agent.yaml        the agent's settings
       supervisor.json   the supervisor's state (children's pids, restarts)
       agent-state/      the agent's state (agent.json: its ports)
@@ -46,6 +48,10 @@ class RunDir:
     @property
     def supervisor_state(self) -> Path:
         return self.root / "supervisor.json"
+
+    @property
+    def dev_models_file(self) -> Path:
+        return self.root / "dev-models.json"
 
     @property
     def agent_state(self) -> Path:

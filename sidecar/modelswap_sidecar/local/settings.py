@@ -14,6 +14,11 @@ and the agent's settings document built from them (pure).
                         GPU with VMM + POSIX-fd handles are present, else sim)
     paceGBps            --pace-gbps G: every sim GPU's `gpus[].paceGBps` (models' copies
                         paced to an emulated G GB/s link; sim only); default unpaced
+    dev                 --dev: the dev loop: models annotated `modelswap.io/dev: "true"`
+                        are served by a developer's own process (the agent's `dev`
+                        section); default off
+    reload              --no-reload turns it off: a served model whose source folder
+                        changes (model.py, weights) is loaded again (`local/sources.py`)
 """
 
 from __future__ import annotations
@@ -48,6 +53,17 @@ class LocalSettings:
     allocator: str = "auto"
     #: Every sim GPU's emulated link (`gpus[].paceGBps`, GB/s); None: unpaced.
     pace_gbps: float | None = None
+    #: The dev loop (`--dev`): dev models attach from a developer's own process.
+    dev: bool = False
+    #: Reload a served model whose source folder changed (`--no-reload`: never).
+    reload: bool = True
+    #: A changed source folder is reloaded once it has been quiet this long (an editor
+    #: writes a file in several steps) ...
+    reload_settle_seconds: float = 1.0
+    #: ... or this long after its first unreloaded change, if it never goes quiet.
+    reload_max_delay_seconds: float = 10.0
+    #: A model is reloaded at most once per this many seconds.
+    reload_min_interval_seconds: float = 2.0
     host_store_bytes: int = 4 << 30
     pool_chunk_bytes: int = 32 * MIB
     #: How often the folder is looked at for edits.
@@ -109,4 +125,5 @@ def agent_document(
         "policy": {"intervalSeconds": settings.policy_interval_seconds},
         "logLevel": settings.log_level,
         "jsonLogs": False,
+        **({"dev": {"modelsFile": str(run.dev_models_file)}} if settings.dev else {}),
     }

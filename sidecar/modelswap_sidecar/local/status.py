@@ -6,8 +6,10 @@
 The models and their state come from the agent (`GET /v1/models` on its control API,
 found through the run directory's state file); AGE counts from the first push that
 carried the model. Below the table: why each `Pending` or `Failed` model is so (the
-agent's reason and message, as `kubectl describe md` shows them), then the files local
-mode refused.
+agent's reason and message, as `kubectl describe md` shows them), each model's last
+reload on change (`reloaded: toy 4s ago (1/model.py changed; host copy kept): completed
+Reloading`, 3 times in all), how to attach as each dev model, then the files local mode
+refused.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from modelswap_api.quantities import parse_bytes
 
 COLUMNS = ("NAME", "MODEL", "NODE", "PHASE", "RESIDENT", "LAST-REQUEST", "AGE")
 NONE = "<none>"
@@ -110,4 +114,45 @@ def table(body: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(
         "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in lines
+    )
+
+
+def reload_lines(local: Sequence[Mapping[str, Any]], *, now_seconds: float) -> list[str]:
+    """One line per model local mode reloaded because its source folder changed."""
+    out = []
+    for model in sorted(local, key=lambda m: (m.get("namespace", ""), m.get("name", ""))):
+        note = model.get("reloads")
+        if not isinstance(note, Mapping) or not note.get("count"):
+            continue
+        count = int(note["count"])
+        times = f", {count} times in all" if count > 1 else ""
+        out.append(
+            f"reloaded: {model.get('name')} {short_age(now_seconds - float(note.get('at', 0)))}"
+            f" ago ({note.get('what')}; host copy {note.get('hostCopy')}{times}): "
+            f"{note.get('outcome')}"
+        )
+    return out
+
+
+def dev_lines(local: Sequence[Mapping[str, Any]], *, socket_path: str) -> list[str]:
+    """How a developer's process attaches as each dev model (the dev loop)."""
+    dev = [m for m in local if m.get("dev")]
+    if not dev:
+        return []
+    out = [f"dev loop: export MODELSWAP_SOCKET={socket_path}"]
+    for model in sorted(dev, key=lambda m: (m.get("namespace", ""), m.get("name", ""))):
+        call = attach_call(str(model.get("engineName")), model.get("weightsBytes"))
+        out.append(f"dev: {model.get('name')}: {call}")
+    return out
+
+
+def attach_call(engine_name: str, weights_bytes: Any) -> str:
+    """The `modelswap_client.client.attach` call a dev model's process makes: its engine
+    name, and one weights region of `spec.model.weightsBytes` (a quantity)."""
+    try:
+        size = str(parse_bytes(weights_bytes))
+    except (TypeError, ValueError):
+        size = "<weightsBytes>"
+    return (
+        f'attach({engine_name!r}, [RegionSpec("weights", {size})])  # weightsBytes: {weights_bytes}'
     )

@@ -3,9 +3,11 @@
 The same `Supervisor` as `modelswap node` runs the agent (`modelswap sidecar`, local mode:
 sim GPUs, no fencing, the gateway on localhost) and `tritonserver`, each in a process
 group of its own; a `FolderWatcher` thread plays the operator, pushing the folder's
-ModelDeployments to the agent's control API. SIGINT (Ctrl-C) or SIGTERM stops the
-supervisor, which stops both children (Triton's stubs with it) and removes Triton's shm
-regions; the run directory's transient parts are removed last, so nothing is left.
+ModelDeployments to the agent's control API and reloading a model whose source folder
+changed. SIGINT (Ctrl-C) or SIGTERM stops the supervisor, which stops both children
+(Triton's stubs with it) and removes Triton's shm regions; the run directory's transient
+parts are removed last, so nothing is left. With `--dev` it prints how a developer's own
+process attaches as a dev model (docs/LOCAL.md, "Developing a model outside Triton").
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from typing import Any, TextIO
 
 import yaml
 
+from modelswap_sidecar.agent.settings import settings_from_document
 from modelswap_sidecar.gpu.devices import choose_allocator_backend
 from modelswap_sidecar.local.errors import AlreadyRunningError, LocalModeError
+from modelswap_sidecar.local.manifests import read_folder
 from modelswap_sidecar.local.rundir import pid_alive, read_json, write_json
-from modelswap_sidecar.local.settings import LocalSettings, agent_document
+from modelswap_sidecar.local.settings import MODELS_PREFIX, LocalSettings, agent_document
+from modelswap_sidecar.local.sources import SourceWatch
+from modelswap_sidecar.local.status import attach_call
 from modelswap_sidecar.local.watcher import Applied, FolderWatcher
 from modelswap_sidecar.supervisor.children import node_children
 from modelswap_sidecar.supervisor.core import Supervisor
@@ -31,6 +37,7 @@ from modelswap_sidecar.supervisor.identity import SystemUsers
 from modelswap_sidecar.supervisor.restarts import RestartPolicy
 from modelswap_sidecar.supervisor.settings import AgentSettings as AgentChild
 from modelswap_sidecar.supervisor.settings import RuntimeSettings, SupervisorSettings
+from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import TritonSettings, free_loopback_port, pick_ports
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,14 @@ def _state_doc(
                 "file": str(m.file),
                 "appliedAt": applied.first_applied.get(m.uid),
                 "outcome": applied.outcomes.get(m.uid),
+                "dev": m.dev,
+                "engineName": triton_model_name(m.uid),
+                "weightsBytes": m.spec.get("model", {}).get("weightsBytes"),
+                **(
+                    {"reloads": applied.reloads[m.uid].to_dict()}
+                    if m.uid in applied.reloads
+                    else {}
+                ),
             }
             for m in applied.models
         ]
@@ -69,17 +84,49 @@ def _state_doc(
     return doc
 
 
-def _announce(out: TextIO, settings: LocalSettings, gateway_url: str, control_url: str) -> None:
+def dev_instructions(settings: LocalSettings, socket_path: Path) -> list[str]:
+    """How a developer's process attaches as each dev model of the folder (as it is now;
+    a dev model added later is logged when it is served, and `modelswap status` lists
+    them all)."""
+    models, _ = read_folder(settings.folder, settings.defaults, dev_loop=True)
+    lines = [
+        "  dev loop     on: your own process attaches as a dev model (docs/LOCAL.md,",
+        '               "Developing a model outside Triton"):',
+        f"                 export MODELSWAP_SOCKET={socket_path}",
+    ]
+    dev = [m for m in models if m.dev]
+    for m in dev:
+        weights = m.spec.get("model", {}).get("weightsBytes")
+        lines.append(
+            f"                 {m.namespace}/{m.name}: "
+            f"{attach_call(triton_model_name(m.uid), weights)}"
+        )
+    if not dev:
+        lines.append('               (no dev model yet: annotate one `modelswap.io/dev: "true"`)')
+    return lines
+
+
+def _announce(
+    out: TextIO,
+    settings: LocalSettings,
+    gateway_url: str,
+    control_url: str,
+    socket_path: Path,
+) -> None:
     pace = settings.pace_gbps
     paced = "" if pace is None else f", copies paced to {pace:g} GB/s (scaled)"
-    out.write(
-        f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})\n"
+    reload = "on (a model whose files change is loaded again)" if settings.reload else "off"
+    lines = [
+        f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})",
         f"  gateway      {gateway_url}   (KServe v2: /v2/models/<name>/infer, "
-        "OpenAI: /v1/models, /v1/completions, /v1/chat/completions)\n"
-        f"  control API  {control_url}   (token in {settings.run_dir.token_file})\n"
-        f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}{paced}\n"
-        "  `modelswap status` shows the models; Ctrl-C stops everything.\n"
-    )
+        "OpenAI: /v1/models, /v1/completions, /v1/chat/completions)",
+        f"  control API  {control_url}   (token in {settings.run_dir.token_file})",
+        f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}{paced}",
+        f"  reload       {reload}",
+        *(dev_instructions(settings, socket_path) if settings.dev else []),
+        "  `modelswap status` shows the models; Ctrl-C stops everything.",
+    ]
+    out.write("\n".join(lines) + "\n")
     out.flush()
 
 
@@ -88,6 +135,7 @@ def prepare_run_dir(settings: LocalSettings) -> str:
     run.root.mkdir(parents=True, exist_ok=True)
     for path in run.transient():
         shutil.rmtree(path, ignore_errors=True)
+    run.dev_models_file.unlink(missing_ok=True)  # the last run's: nobody is vouched for yet
     run.repository.mkdir(parents=True)
     return run.write_token()
 
@@ -96,7 +144,7 @@ def clean_run_dir(settings: LocalSettings) -> None:
     run = settings.run_dir
     for path in run.transient():
         shutil.rmtree(path, ignore_errors=True)
-    for path in (run.token_file, run.supervisor_state):
+    for path in (run.token_file, run.supervisor_state, run.dev_models_file):
         path.unlink(missing_ok=True)
 
 
@@ -129,6 +177,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         allocator=backend,
     )
     run.agent_settings.write_text(yaml.safe_dump(document, sort_keys=False))
+    socket_path = settings_from_document(document).socket_path
     supervisor_settings = SupervisorSettings(
         agent=AgentChild(
             command=(
@@ -178,6 +227,8 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         "tritonUrl": f"http://{triton_url}",
         "tokenFile": str(run.token_file),
         "shmPrefix": children.shm_prefix,
+        "agentSocket": str(socket_path),
+        "dev": settings.dev,
     }
 
     def on_change(applied: Applied) -> None:
@@ -191,9 +242,21 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         node_name=settings.node_name,
         poll_seconds=settings.poll_seconds,
         on_change=on_change,
+        model_root=settings.model_root,
+        models_prefix=MODELS_PREFIX,
+        source_watch=(
+            SourceWatch(
+                settle_seconds=settings.reload_settle_seconds,
+                max_delay_seconds=settings.reload_max_delay_seconds,
+                min_interval_seconds=settings.reload_min_interval_seconds,
+            )
+            if settings.reload
+            else None
+        ),
+        dev_models_file=run.dev_models_file if settings.dev else None,
     )
     write_json(run.state_file, _state_doc(settings, base, None, running=True))
-    _announce(out, settings, gateway_url, control_url)
+    _announce(out, settings, gateway_url, control_url, socket_path)
     watcher.start()
     try:
         code = supervisor.run(install_signal_handlers=True)

@@ -10,6 +10,20 @@ left out of the next push and then forgotten (`DELETE /v1/models/{uid}`: unloade
 host bytes freed, no longer listed), as the operator deletes a removed ModelDeployment's
 model; a DELETE that fails is sent again after the next push.
 
+Reload on change (`source_watch`): every look also stats each served model's source
+folder (a mounted path; `sources.py` says what is looked at and when a change is due).
+A change that has settled is sent to the agent as `POST /v1/models/{uid}/reload`, with
+`hostCopy=keep` when only code or configuration changed and `hostCopy=drop` when a weight
+file did; the agent unloads it from Triton and loads it again. Each reload is logged and
+kept in `Applied.reloads` (the state file; `modelswap status` prints it). A reload the
+agent cannot be reached for is sent again at the next look.
+
+The dev loop (`dev_models_file`): models annotated `modelswap.io/dev: "true"` are allowed;
+before each push their engine names are written to the file the agent's dev voucher
+reads, and a model that became (or stopped being) a dev model is reloaded with its host
+copy dropped once the push is taken. Dev models' sources are not watched: their process
+is the developer's.
+
 It runs in a thread beside the in-process supervisor; `stop()` ends it.
 """
 
@@ -27,6 +41,9 @@ import httpx
 
 from modelswap_sidecar.local.desired import Generations, desired_set
 from modelswap_sidecar.local.manifests import LocalModel, Problem, read_folder, yaml_files
+from modelswap_sidecar.local.rundir import write_json
+from modelswap_sidecar.local.sources import Change, SourceWatch, folder_tree
+from modelswap_sidecar.triton.naming import triton_model_name
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +61,43 @@ def folder_signature(folder: Path) -> Signature:
     return tuple(out)
 
 
+def source_folder(spec: Mapping[str, Any], model_root: Path, prefix: str) -> Path | None:
+    """The folder a model's `spec.model.source` names on this machine (`<prefix>/<x>` ->
+    `<model_root>/<x>`, as the agent maps it); None for an http(s) source (a fetched copy:
+    not watched)."""
+    uri = str(spec.get("model", {}).get("source", {}).get("uri", ""))
+    if not uri.startswith("/"):
+        return None
+    stem = prefix.rstrip("/")
+    if uri == stem or uri.startswith(stem + "/"):
+        return model_root / uri[len(stem) :].lstrip("/")
+    return Path(uri)
+
+
+@dataclass
+class ReloadNote:
+    """A model's reloads on change (for the state file and `modelswap status`)."""
+
+    count: int = 0
+    #: wall seconds of the last one
+    at: float = 0.0
+    #: `1/model.py changed`
+    what: str = ""
+    #: "kept" or "dropped"
+    host_copy: str = ""
+    #: the agent's answer (`completed Reloading`, `refused ...`)
+    outcome: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "at": self.at,
+            "what": self.what,
+            "hostCopy": self.host_copy,
+            "outcome": self.outcome,
+        }
+
+
 @dataclass
 class Applied:
     """What the watcher last read and pushed (for the state file)."""
@@ -55,6 +109,8 @@ class Applied:
     #: uid -> the agent's answer (`applied Loading`, `conflict PolicyInvalid: ...`).
     outcomes: dict[str, str] = field(default_factory=dict)
     pushes: int = 0
+    #: uid -> its reloads on change
+    reloads: dict[str, ReloadNote] = field(default_factory=dict)
 
 
 class FolderWatcher:
@@ -69,7 +125,15 @@ class FolderWatcher:
         poll_seconds: float = 1.0,
         resync_seconds: float = 30.0,
         on_change: Callable[[Applied], None] = lambda applied: None,
+        model_root: Path | None = None,
+        models_prefix: str = "/models",
+        source_watch: SourceWatch | None = None,
+        dev_models_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`source_watch` with `model_root`: reload on change (mounted sources under
+        `models_prefix` are in `model_root`); `dev_models_file`: the dev loop is on."""
         self.folder = folder
         self.defaults = defaults
         self.control_url = control_url.rstrip("/")
@@ -78,7 +142,17 @@ class FolderWatcher:
         self.poll_seconds = poll_seconds
         self.resync_seconds = resync_seconds
         self.on_change = on_change
+        self.model_root = model_root
+        self.models_prefix = models_prefix
+        self.source_watch = source_watch
+        self.dev_models_file = dev_models_file
+        self.clock = clock
+        self.wall_clock = wall_clock
         self.applied = Applied()
+        #: uids that became, or stopped being, dev models: reloaded afresh after the push
+        self._flipped: set[str] = set()
+        #: folders whose walk was cut short, warned about once
+        self._truncated: set[Path] = set()
         self._generations = Generations()
         self._counter = 0
         self._signature: Signature | None = None
@@ -113,8 +187,17 @@ class FolderWatcher:
 
     def read(self) -> None:
         """Read the folder again; report problems that are new."""
-        models, problems = read_folder(self.folder, self.defaults)
+        models, problems = read_folder(
+            self.folder, self.defaults, dev_loop=self.dev_models_file is not None
+        )
         models = self._keep_last_valid(models, problems)
+        before_dev = {m.uid: m.dev for m in self.applied.models}
+        for model in models:
+            was_dev = before_dev.get(model.uid)
+            if was_dev is not None and was_dev != model.dev:
+                now = "a dev model" if model.dev else "a Triton model"
+                log.info("%s/%s is now %s: loading it afresh", model.namespace, model.name, now)
+                self._flipped.add(model.uid)
         before = {str(p) for p in self.applied.problems}
         for problem in problems:
             if str(problem) not in before:
@@ -122,6 +205,14 @@ class FolderWatcher:
         for model in models:
             if model.uid not in {m.uid for m in self.applied.models}:
                 log.info("serving %s/%s from %s", model.namespace, model.name, model.file.name)
+                if model.dev:
+                    log.info(
+                        "dev model %s/%s: attach from your own process as model %r "
+                        "(MODELSWAP_SOCKET: the agent's socket; `modelswap status` shows it)",
+                        model.namespace,
+                        model.name,
+                        triton_model_name(model.uid),
+                    )
         gone = {m.uid for m in self.applied.models} - {m.uid for m in models}
         for model in self.applied.models:
             if model.uid in gone:
@@ -157,7 +248,10 @@ class FolderWatcher:
         if (self._pending or due) and self.push(client):
             self._pending = False
             self.forget_gone(client)
+            self.reload_flipped(client)
             self.on_change(self.applied)
+        if self.source_watch is not None and self.model_root is not None:
+            self.check_sources(client)
 
     def forget_gone(self, client: httpx.Client) -> None:
         """DELETE each model gone from the folder (the push just taken left it out)."""
@@ -177,7 +271,105 @@ class FolderWatcher:
             else:
                 log.warning("the agent refused to forget %s: %s", uid, response.text)
 
+    # -- reload on change -----------------------------------------------------------------------
+
+    def check_sources(self, client: httpx.Client) -> None:
+        """Look at each served model's source folder; reload those whose change is due."""
+        watch, root = self.source_watch, self.model_root
+        assert watch is not None and root is not None
+        watched = []
+        for model in self.applied.models:
+            folder = None if model.dev else source_folder(model.spec, root, self.models_prefix)
+            if folder is None or model.uid not in self.applied.outcomes:
+                continue  # a dev model, a fetched source, or not taken by the agent yet
+            watched.append(model.uid)
+            tree, truncated = folder_tree(folder)
+            if truncated and folder not in self._truncated:
+                self._truncated.add(folder)
+                log.warning(
+                    "%s/%s: %s holds more files than local mode looks at; a change past "
+                    "them is not noticed",
+                    model.namespace,
+                    model.name,
+                    folder,
+                )
+            change = watch.observe(model.uid, folder, tree, self.clock())
+            if change is not None and self.reload(client, model, change):
+                watch.taken(change, self.clock())
+                self.on_change(self.applied)
+        watch.keep_only(watched)
+
+    def reload(self, client: httpx.Client, model: LocalModel, change: Change) -> bool:
+        """Ask the agent to reload `model`; False when it cannot be reached (asked again at
+        the next look). A refusal is logged and recorded, and not asked again."""
+        kept = "kept" if change.keep_host_copy else "dropped"
+        why = change.summary()
+        log.info(
+            "%s/%s: %s: reloading it (host copy %s%s)",
+            model.namespace,
+            model.name,
+            why,
+            kept,
+            ": the client binds it only if its layout fingerprint matches"
+            if change.keep_host_copy
+            else ": a weight file changed",
+        )
+        outcome = self._post_reload(client, model.uid, keep_host_copy=change.keep_host_copy)
+        if outcome is None:
+            return False
+        note = self.applied.reloads.setdefault(model.uid, ReloadNote())
+        note.count += 1
+        note.at, note.what, note.host_copy, note.outcome = self.wall_clock(), why, kept, outcome
+        if not outcome.startswith(("completed", "unchanged")):
+            log.warning(
+                "%s/%s: the agent did not reload it: %s", model.namespace, model.name, outcome
+            )
+        return True
+
+    def reload_flipped(self, client: httpx.Client) -> None:
+        """Load afresh each model that became, or stopped being, a dev model."""
+        for uid in sorted(self._flipped):
+            if self._post_reload(client, uid, keep_host_copy=False) is not None:
+                self._flipped.discard(uid)
+
+    def _post_reload(self, client: httpx.Client, uid: str, *, keep_host_copy: bool) -> str | None:
+        """`POST /v1/models/{uid}/reload`: the agent's answer (`completed Reloading`), or
+        None when it cannot be reached."""
+        try:
+            response = client.post(
+                f"{self.control_url}/v1/models/{uid}/reload",
+                params={"hostCopy": "keep" if keep_host_copy else "drop"},
+                headers={"Authorization": f"Bearer {self.token}"},
+            )
+        except httpx.HTTPError as e:
+            log.debug("cannot reload %s yet: %s", uid, e)
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        if response.status_code == 404:
+            return "unchanged NotHeld"
+        if response.status_code == 503:  # the agent is starting (no token yet): ask again
+            return None
+        if response.status_code not in (200, 409):
+            return f"refused {body.get('reason', response.status_code)}: {body.get('message', '')}"
+        outcome = f"{body.get('outcome', 'refused')} {body.get('reason', '')}".strip()
+        if body.get("message"):
+            outcome += f": {body['message']}"
+        return outcome
+
+    def write_dev_models(self) -> None:
+        """The dev models' engine names, for the agent's dev voucher (before each push)."""
+        if self.dev_models_file is None:
+            return
+        names = sorted(triton_model_name(m.uid) for m in self.applied.models if m.dev)
+        write_json(self.dev_models_file, {"models": names})
+
     def push(self, client: httpx.Client) -> bool:
+        self.write_dev_models()
         self._counter += 1
         body = desired_set(
             self.applied.models,

@@ -513,6 +513,67 @@ class Actuator:
             if self.metrics is not None:
                 self.metrics.forget_model(labels_of(model))
 
+    # -- dev models (local mode's dev loop) -------------------------------------------------
+
+    def start_dev_clocks(self) -> None:
+        """A dev model's idle clock starts once its process has committed (the engine holds
+        it RESIDENT), not when it was registered: until then it has no start (the policy
+        counts it idle for 0 s, and never tries to swap out a model with nothing to save)."""
+        for model in self.records.values():
+            if not model.dev or model.serving is not Serving.LOADED:
+                continue
+            state = self.engine_state(model)
+            if state in (None, EngineState.LOADING):
+                model.resident_since_seconds = None
+            elif state is EngineState.RESIDENT and model.resident_since_seconds is None:
+                model.resident_since_seconds = self.clock()
+
+    # -- reloading from the source ---------------------------------------------------------
+
+    async def reload(self, model: AgentModel, *, keep_host_copy: bool, why: str) -> ActionResult:
+        """Load the model again from its source (local mode: its files changed). Out of
+        Triton first (its processes exit; the engine keeps the host copy), the host copy
+        then dropped unless `keep_host_copy` (a kept copy is restored on attach, and the
+        client binds it only while its layout fingerprint matches), then pending: placed
+        and loaded as any model (`reconcile`, now). A failed model is retried at once.
+        `unchanged` for a model that holds nothing to reload: not loaded yet (its load
+        reads the files), or dropped (its next swap-in does)."""
+        async with self.lock_of(model.uid):
+            if model.serving in (Serving.PENDING, Serving.DEFERRED, Serving.LOADING):
+                return ActionResult(
+                    uid=model.uid,
+                    outcome="unchanged",
+                    reason=str(model.serving),
+                    message="not loaded yet: its load reads the source as it is now",
+                )
+            if model.serving is Serving.DROPPED:
+                return ActionResult(
+                    uid=model.uid,
+                    outcome="unchanged",
+                    reason=str(model.serving),
+                    message="unloaded: its next swap-in loads it from the source",
+                )
+            if model.serving not in (Serving.LOADED, Serving.FAILED):
+                return ActionResult(uid=model.uid, outcome="refused", reason=str(model.serving))
+            if model.serving is Serving.LOADED:
+                try:
+                    await self.loader.unload(model)
+                except TritonError as e:
+                    return ActionResult(
+                        uid=model.uid, outcome="refused", reason="UnloadFailed", message=str(e)
+                    )
+            if not keep_host_copy:
+                with contextlib.suppress(UnknownModel):
+                    await asyncio.to_thread(self.engine.remove_model, model.triton_name)
+            model.failed_at_seconds = None
+            kept = "host copy kept" if keep_host_copy else "host copy dropped"
+            self._mark_for_reload(model, "Reloading", f"{why} ({kept})")
+            model.message = f"{why}; loading it again ({kept})"
+        self.notify()
+        self.reconcile(order=[model])
+        log.info("model %s: %s; loading it again (%s)", model.uid, why, kept)
+        return ActionResult(uid=model.uid, outcome="completed", reason="Reloading")
+
     # -- stalled reloads --------------------------------------------------------------------
 
     def end_stalled_reloads(self) -> int:
@@ -531,6 +592,7 @@ class Actuator:
         if (
             model.serving is not Serving.LOADED
             or not model.attaches
+            or model.dev  # its process loads its bytes when it chooses
             or since is None
             or now - since < self.reload_timeout_seconds
             or self.busy(model.uid)
@@ -576,6 +638,7 @@ class Actuator:
         if (
             model.serving is not Serving.LOADED
             or not model.attaches
+            or model.dev  # no runtime process to load: the developer's comes and goes
             or self.busy(model.uid)
             or self.engine_state(model) is None
             or self._instances(model) > 0
@@ -621,7 +684,12 @@ class Actuator:
     def _reload_one(self, model: AgentModel) -> int:
         if model.serving is Serving.FAILED:
             model.failed_at_seconds = None  # it may have failed against the dead Triton
-        if model.desired and model.serving is Serving.LOADED and not self.busy(model.uid):
+        if (
+            model.desired
+            and model.serving is Serving.LOADED
+            and not model.dev  # not in Triton: its process is the developer's
+            and not self.busy(model.uid)
+        ):
             return self._mark_for_reload(model, "Reloading", "Triton restarted")
         return 0
 

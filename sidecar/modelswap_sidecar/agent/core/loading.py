@@ -11,6 +11,9 @@
     unload(model)   unload from Triton (the stub exits; the engine keeps the host copy) and
                     release the source-cache entry
 
+Local mode's dev loop: a dev model (`dev_models` names it) is registered with the engine
+and never loaded into Triton; the developer's own process attaches as it.
+
 Failures raise `LoadError` with a CamelCase reason and a message naming the field.
 """
 
@@ -21,13 +24,13 @@ import base64
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from modelswap_api.control import SourceCredentials
 from modelswap_api.models import Source
 from modelswap_api.wire import KvMode, SwapOutMode
-from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.records import DEV_RUNTIME, AgentModel
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.engine.errors import EngineError
@@ -147,7 +150,11 @@ class ModelLoader:
         model_roots: Mapping[str, Path],
         mapper: str = "sim",
         gpu_uuids: tuple[str, ...] = (),
+        dev_models: Callable[[], frozenset[str]] | None = None,
     ) -> None:
+        """`dev_models`: local mode's dev loop (engine names of the models a developer's
+        own process serves: registered with the engine, never loaded into Triton); None
+        outside it."""
         self.engine = engine
         self.driver = driver
         self.resolver = resolver
@@ -156,6 +163,7 @@ class ModelLoader:
         self.mapper = mapper
         #: by engine GPU index; sent as `modelswap.gpu_uuid` (device mappers), none for sim
         self.gpu_uuids = gpu_uuids
+        self.dev_models = dev_models
 
     async def resolve(self, model: AgentModel) -> Path:
         if model.resolved is None:
@@ -185,8 +193,22 @@ class ModelLoader:
             gpu_uuid=self.gpu_uuids[model.gpu] if model.gpu < len(self.gpu_uuids) else None,
         )
 
+    def is_dev(self, model: AgentModel) -> bool:
+        """Whether local mode's dev loop names `model` a dev model (read at each load)."""
+        return self.dev_models is not None and model.triton_name in self.dev_models()
+
     async def load(self, model: AgentModel) -> None:
-        """Load `model` (placed: `gpu` set) into Triton; LoadError on failure."""
+        """Load `model` (placed: `gpu` set) into Triton; LoadError on failure. A dev model
+        is only registered with the engine: the developer's process attaches as it (its
+        source is not read)."""
+        if self.is_dev(model):
+            model.attaches, model.runtime_backend = True, DEV_RUNTIME
+            try:
+                await asyncio.to_thread(self.engine.add_model, engine_config(model))
+            except EngineError as e:
+                raise LoadError("EngineRefused", str(e)) from e
+            log.info("dev model %s: waiting for its process to attach", model.triton_name)
+            return
         model_dir = await self.resolve(model)
         try:
             config = await asyncio.to_thread(read_model_config, model_dir)
@@ -211,7 +233,8 @@ class ModelLoader:
             raise LoadError("LoadFailed", str(e)) from e
 
     async def unload(self, model: AgentModel, *, release_source: bool = True) -> None:
-        await self.driver.unload(model.uid)
+        if not model.dev:  # a dev model was never loaded into Triton
+            await self.driver.unload(model.uid)
         if release_source and model.resolved is not None:
             self.resolver.release(model.resolved)
             model.resolved = None

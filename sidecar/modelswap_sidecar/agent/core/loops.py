@@ -8,6 +8,10 @@ Policy loop (every `interval_seconds`):
 3. place and load what waits (pending, deferred, failed and due for a retry), unless the
    control service's fencing holds (`may_load_new`): then each is deferred, `Fenced`.
 
+A dev model's idle clock (local mode's dev loop) starts once its process has committed
+(`Actuator.start_dev_clocks`): the policy sees its requests nowhere, so it idles from then,
+or from its last swap-in.
+
 Before those, while Triton answers: a loaded model whose runtime processes have all exited
 (killed, crashed) is made pending again, so step 3 loads it again (its stub restores from
 the host store); a dropped model swapped in whose weights no request has loaded within the
@@ -81,6 +85,7 @@ class PolicyLoop:
             if gone:
                 log.warning("loading %d model(s) again: their runtime processes exited", gone)
         self.observe_requests(stats)
+        act.start_dev_clocks()
         act.end_stalled_reloads()
         for decision in act.policy.swap_outs(act.view()):
             model = act.records.get(decision.uid)

@@ -21,6 +21,11 @@ UNSUPPORTED_RUNTIME = "UnsupportedRuntime"
 #: The reason of a model the runtime serves and that attaches: where its bytes are after
 #: that is the engine's to say (`reports.model_info`).
 LOADED = "Loaded"
+#: `runtime_backend` of a dev model (local mode's dev loop): a developer's own process
+#: serves it, outside Triton.
+DEV_RUNTIME = "dev"
+#: The reason of a dev model once registered with the engine.
+DEV_MODEL = "DevModel"
 
 
 def user_name_of(entry: DesiredEntry) -> str:
@@ -96,9 +101,20 @@ class AgentModel:
         on the next request.)"""
         return not self.attaches
 
+    @property
+    def dev(self) -> bool:
+        """A dev model (local mode's dev loop): not in Triton; a developer's process
+        attaches as it, and comes and goes as that process does."""
+        return self.runtime_backend == DEV_RUNTIME
+
     def loaded_reason(self) -> tuple[str, str]:
         """(reason, message) once the runtime serves the model: a runtime that cannot
         attach is reported as such, since swaps reload it from its source."""
+        if self.dev:
+            return DEV_MODEL, (
+                f"served by a developer's process outside Triton: it attaches as model "
+                f"{self.triton_name!r} through the agent's socket (local mode, --dev)"
+            )
         if self.attaches:
             return LOADED, ""
         return UNSUPPORTED_RUNTIME, (

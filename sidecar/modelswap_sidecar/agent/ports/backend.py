@@ -230,6 +230,11 @@ class AgentBackend:
     async def swap_out(self, uid: str) -> ActionResult:
         return await self.actuator.swap_out(self._model(uid), reason="Manual")
 
+    async def reload(self, uid: str, *, keep_host_copy: bool) -> ActionResult:
+        return await self.actuator.reload(
+            self._model(uid), keep_host_copy=keep_host_copy, why="reload asked (control API)"
+        )
+
     def _model(self, uid: str) -> AgentModel:
         model = self.records.get(uid)
         if model is None or not model.desired:
