@@ -27,6 +27,7 @@ from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.driver import TritonDriver
+from modelswap_sidecar.triton.errors import TritonError
 
 MIB = 1 << 20
 SPEC = {"model": {"source": {"uri": "/models/toy"}, "weightsBytes": "32Mi"}}
@@ -132,6 +133,25 @@ def test_a_loaded_model_is_unloaded_and_loaded_again_keeping_or_dropping_its_hos
     ]
     assert engine.removed == [dropped.triton_name]  # only the dropped one's host copy
     assert kept.serving is Serving.LOADED and dropped.serving is Serving.LOADED
+
+
+def test_a_reload_whose_unload_triton_refuses_is_refused_and_changes_nothing() -> None:
+    model = model_of("stuck", Serving.LOADED)
+    actuator, engine, loader = actuator_over(model)
+
+    async def refuse(model: AgentModel, *, release_source: bool = True) -> None:
+        raise TritonError("Triton refused to unload it: busy")
+
+    loader.unload = refuse  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        result = await actuator.reload(model, keep_host_copy=False, why="weights changed")
+        assert (result.outcome, result.reason) == ("refused", "UnloadFailed")
+        assert "busy" in (result.message or "")
+        await settle(actuator)
+
+    asyncio.run(scenario())
+    assert model.serving is Serving.LOADED and engine.removed == [] and loader.calls == []
 
 
 def test_a_failed_model_is_retried_at_once_and_one_that_holds_nothing_is_unchanged() -> None:

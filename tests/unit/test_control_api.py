@@ -307,6 +307,20 @@ async def test_manual_swap_out_and_in(node: Node) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_reload_names_its_host_copy_choice_and_an_unknown_model_is_404(node: Node) -> None:
+    async with node.served():
+        await node.put(desired(1, 1, entry(A)))
+        assert await node.post(f"/v1/models/{A}/reload?hostCopy=drop") == (
+            200,
+            {"uid": A, "outcome": "completed", "reason": "Reloading"},
+        )
+        assert (await node.post(f"/v1/models/{A}/reload"))[0] == 200  # keep, by default
+        status, body = await node.post(f"/v1/models/{A}/reload?hostCopy=maybe")
+        assert (status, body["field"]) == (400, "hostCopy")
+        assert (await node.post(f"/v1/models/{NOPE}/reload"))[0] == 404
+
+
+@pytest.mark.asyncio
 async def test_a_fenced_agent_refuses_swap_ins_until_a_push_or_lease_renewal(node: Node) -> None:
     async with node.served():
         await node.put(desired(1, 1, entry(A)))
@@ -314,6 +328,8 @@ async def test_a_fenced_agent_refuses_swap_ins_until_a_push_or_lease_renewal(nod
         node.clock.now += GRACE
         assert (await node.get("/v1/node"))[1]["fenced"] is True
         status, body = await node.post(f"/v1/models/{A}/swap-in")
+        assert (status, body["reason"]) == (409, "Fenced")
+        status, body = await node.post(f"/v1/models/{A}/reload")  # a reload loads too
         assert (status, body["reason"]) == (409, "Fenced")
         node.service.record_lease_renewal()
         assert (await node.get("/v1/node"))[1]["fenced"] is False

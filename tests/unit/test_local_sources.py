@@ -253,6 +253,66 @@ def test_the_watcher_reloads_a_changed_model_keeps_or_drops_its_host_copy_and_re
         ]
 
 
+def test_the_agents_answers_to_a_reload_are_recorded_and_only_an_unreachable_agent_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    folder, root = tmp_path / "deployments", tmp_path / "models"
+    write(folder / "toy.yaml", model_yaml("toy"))
+    write(root / "toy" / "model.py", "x", mtime_ns=1)
+    answers: list[httpx.Response] = []
+    asked: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            entries = json.loads(request.content)["entries"]
+            return httpx.Response(
+                200, json={"results": [{"uid": e["uid"], "outcome": "applied"} for e in entries]}
+            )
+        asked.append(request.url.query.decode())
+        return answers.pop(0)
+
+    clock = Clock()
+    watcher = FolderWatcher(
+        folder,
+        BUILTIN_DEFAULTS,
+        control_url="http://agent",
+        token="t",
+        node_name="local",
+        model_root=root,
+        source_watch=SourceWatch(settle_seconds=0.0, min_interval_seconds=0.0),
+        clock=clock,
+    )
+    toy = local_uid("default", "toy")
+    refused = {"uid": toy, "outcome": "refused", "reason": "UnloadFailed", "message": "busy"}
+    with httpx.Client(transport=httpx.MockTransport(handle)) as client:
+        watcher.poll(client)  # the baseline
+        for n, (answer, outcome) in enumerate(
+            [
+                (httpx.Response(503, json={"reason": "TokenUnavailable"}), None),  # again
+                (httpx.Response(409, json=refused), "refused UnloadFailed: busy"),
+                (httpx.Response(404, json={"reason": "NotFound"}), "unchanged NotHeld"),
+                (httpx.Response(400, text="not json"), "refused 400"),
+            ]
+        ):
+            write(root / "toy" / "model.py", "x", mtime_ns=10 + n)
+            answers.append(answer)
+            clock.now += 1
+            watcher.poll(client)
+            note = watcher.applied.reloads.get(toy)
+            if outcome is None:
+                assert note is None  # not recorded: asked again at the next look
+                answers.append(httpx.Response(200, json={"outcome": "completed"}))
+                clock.now += 1
+                watcher.poll(client)
+                assert watcher.applied.reloads[toy].outcome == "completed"
+            else:
+                assert watcher.applied.reloads[toy].outcome == outcome
+        assert len(asked) == 5 and answers == []
+        clock.now += 1
+        watcher.poll(client)  # every answer but the 503 was taken: nothing asked again
+        assert len(asked) == 5
+
+
 def test_without_the_dev_loop_a_dev_model_is_a_problem_naming_the_annotation(
     tmp_path: Path,
 ) -> None:

@@ -48,6 +48,8 @@ from modelswap_sidecar.triton.naming import triton_model_name
 log = logging.getLogger(__name__)
 
 Signature = tuple[tuple[str, int, int], ...]
+#: How long the agent may take to answer a reload (Triton's unload of the model included).
+RELOAD_ANSWER_SECONDS = 120.0
 
 
 def folder_signature(folder: Path) -> Signature:
@@ -340,6 +342,9 @@ class FolderWatcher:
                 f"{self.control_url}/v1/models/{uid}/reload",
                 params={"hostCopy": "keep" if keep_host_copy else "drop"},
                 headers={"Authorization": f"Bearer {self.token}"},
+                # the agent answers once the model is out of Triton (its stub's finalize):
+                # a shorter wait would ask again while the first reload still runs
+                timeout=RELOAD_ANSWER_SECONDS,
             )
         except httpx.HTTPError as e:
             log.debug("cannot reload %s yet: %s", uid, e)
@@ -354,8 +359,12 @@ class FolderWatcher:
             return "unchanged NotHeld"
         if response.status_code == 503:  # the agent is starting (no token yet): ask again
             return None
-        if response.status_code not in (200, 409):
-            return f"refused {body.get('reason', response.status_code)}: {body.get('message', '')}"
+        if response.status_code not in (200, 409):  # 400, 401, 403: asking again won't help
+            body = {
+                **body,
+                "outcome": "refused",
+                "reason": body.get("reason", response.status_code),
+            }
         outcome = f"{body.get('outcome', 'refused')} {body.get('reason', '')}".strip()
         if body.get("message"):
             outcome += f": {body['message']}"
