@@ -118,7 +118,19 @@ def test_managed_prefetch_round_trip() -> None:
         free_resident = int(_check(rt.cudaMemGetInfo())[0])
         mapper.prefetch_to_host(region).wait()
         free_out = int(_check(rt.cudaMemGetInfo())[0])
-        assert free_out - free_resident >= size * 0.9, "prefetch to host should free the HBM"
+        host_page_tables = int(
+            _check(
+                rt.cudaDeviceGetAttribute(
+                    rt.cudaDeviceAttr.cudaDevAttrPageableMemoryAccessUsesHostPageTables, 0
+                )
+            )
+        )
+        print(f"managed: prefetch to the CPU freed {(free_out - free_resident) / MIB:.0f} MiB")
+        if host_page_tables:  # Grace (C2C): what the managed backend is for
+            assert free_out - free_resident >= size * 0.9, "prefetch to host should free HBM"
+        # On a PCIe machine (an H200 with driver 580 here) the driver keeps the device
+        # pages it migrated from: cudaMemGetInfo showed 0 bytes freed. The managed backend
+        # frees no HBM there (docs/CUDA.md); only the round trip is checked.
         mapper.prefetch_to_device(region).wait()
         assert _read(mapper, region.address, size) == data
     finally:

@@ -156,7 +156,13 @@ class CudaVmmMapper(Mapper):
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._reservations: dict[int, int] = {}
-        self._handles: dict[int, tuple[Any, int]] = {}  # handle_id -> (bindings handle, size)
+        #: handle_id -> (bindings handle, size, the fd it was imported from). The fd is kept
+        #: while the handle lives because it is the only way to hand the chunk on: the
+        #: driver refuses to export an imported allocation again (CUDA_ERROR_INVALID_VALUE
+        #: from cuMemExportToShareableHandle, retained from its mapping or not; driver 580
+        #: on an H200). A kept fd holds the chunk no longer than the handle does: both go
+        #: at `release`.
+        self._handles: dict[int, tuple[Any, int, int]] = {}
         self._mappings: dict[int, _Mapping] = {}
         self._hosts: dict[int, _Host] = {}
         self._outstanding: set[CudaCopyEvent] = set()
@@ -316,17 +322,19 @@ class CudaVmmMapper(Mapper):
             del self._reservations[reservation.address]
 
     def import_fd(self, fd: int, size_bytes: int) -> Handle:
+        """Import a chunk; takes `fd` over (kept for readopt, closed at `release`)."""
         try:
             self._aligned(size_bytes)
-            result = self._b.driver.cuMemImportFromShareableHandle(
-                fd, cc.posix_fd_handle_type(self._b)
+            handle = self._call(
+                "cuMemImportFromShareableHandle",
+                self._b.driver.cuMemImportFromShareableHandle(fd, cc.posix_fd_handle_type(self._b)),
             )
-        finally:
-            os.close(fd)  # an open fd pins the memory; close it whatever happened
-        handle = self._call("cuMemImportFromShareableHandle", result)
+        except BaseException:
+            os.close(fd)
+            raise
         handle_id = cc.as_int(handle)
         with self._lock:
-            self._handles[handle_id] = (handle, size_bytes)
+            self._handles[handle_id] = (handle, size_bytes, fd)
         return Handle(handle_id, size_bytes)
 
     def _handle(self, handle: Handle) -> Any:
@@ -336,46 +344,34 @@ class CudaVmmMapper(Mapper):
             raise MapperError(f"unknown or released handle {handle.handle_id:#x}") from None
 
     def export_fd(self, handle: Handle) -> int:
-        d = self._b.driver
+        """A new fd of an imported chunk (a dup of the one it was imported from)."""
         with self._lock:
-            own = self._handle(handle)
-            mapped = next(
-                (m for m in self._mappings.values() if m.handle_id == handle.handle_id), None
-            )
-            if mapped is None:  # not mapped: export the handle we hold
-                return int(
-                    self._call(
-                        "cuMemExportToShareableHandle",
-                        d.cuMemExportToShareableHandle(own, cc.posix_fd_handle_type(self._b), 0),
-                    )
-                )
-            return self.export_mapped_fd(mapped.address)
+            self._handle(handle)
+            return self._dup(handle.handle_id)
 
     def export_mapped_fd(self, address: int) -> int:
         """Readopt by address: a new fd for whatever chunk is mapped at `address`."""
-        d = self._b.driver
-        retained = self._call("cuMemRetainAllocationHandle", d.cuMemRetainAllocationHandle(address))
-        fd: int | None = None
-        try:
-            fd = int(
-                self._call(
-                    "cuMemExportToShareableHandle",
-                    d.cuMemExportToShareableHandle(retained, cc.posix_fd_handle_type(self._b), 0),
-                )
-            )
-        finally:
-            result = d.cuMemRelease(retained)
-            if cc.code_of(result) != cc.CUDA_SUCCESS:
-                if fd is not None:
-                    os.close(fd)
-                self._call("cuMemRelease", result)
-        return fd
+        with self._lock:
+            mapped = self._mappings.get(address)
+            if mapped is None:
+                raise MapperError(f"nothing is mapped at {address:#x}")
+            return self._dup(mapped.handle_id)
+
+    def _dup(self, handle_id: int) -> int:
+        fd = self._handles[handle_id][2]
+        if fd < 0:
+            raise MapperError(f"handle {handle_id:#x} is being released")
+        return os.dup(fd)
 
     def release(self, handle: Handle) -> None:
         with self._lock:
             own = self._handle(handle)
             if any(m.handle_id == handle.handle_id for m in self._mappings.values()):
                 raise MapperError(f"handle {handle.handle_id:#x} is still mapped")
+            _, size, fd = self._handles[handle.handle_id]
+            if fd >= 0:  # first: the handle is then the last reference this process holds
+                os.close(fd)
+                self._handles[handle.handle_id] = (own, size, -1)  # a failed release retries
             self._call("cuMemRelease", self._b.driver.cuMemRelease(own))
             del self._handles[handle.handle_id]
 
@@ -548,6 +544,9 @@ class CudaVmmMapper(Mapper):
                 if cc.code_of(result) != cc.CUDA_SUCCESS:
                     log.warning("cuStreamDestroy: %s", cc.error_name(self._b, result[0]))
             self._streams.clear()
+            for _handle, _size, fd in self._handles.values():  # handles never released
+                if fd >= 0:
+                    os.close(fd)
             result = d.cuDevicePrimaryCtxRelease(self._device)
             if cc.code_of(result) != cc.CUDA_SUCCESS:
                 log.warning("cuDevicePrimaryCtxRelease: %s", cc.error_name(self._b, result[0]))

@@ -241,6 +241,7 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
         fake.need_init()
         alloc = handle(h)
         del fake.handles[int(h)]
+        fake.imported_handles.discard(int(h))
         alloc.handles -= 1
         fake.collect()
         return ()
@@ -250,6 +251,10 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
         fake.need_init()
         alloc = handle(h)
         if handle_type != POSIX_FD or flags:
+            raise _Err(R.CUDA_ERROR_INVALID_VALUE)
+        if int(h) in fake.imported_handles:
+            # as driver 580 on an H200 answered (tests/data/cuda_recordings): an imported
+            # allocation cannot be exported again, retained from its mapping or not
             raise _Err(R.CUDA_ERROR_INVALID_VALUE)
         fd = os.memfd_create(f"fake-cuda-{alloc.alloc_id}", os.MFD_CLOEXEC)
         fake.exports[os.fstat(fd).st_ino] = alloc
@@ -268,7 +273,9 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
             raise _Err(R.CUDA_ERROR_INVALID_VALUE) from None
         if alloc.freed:
             raise _Err(R.CUDA_ERROR_INVALID_VALUE)
-        return (new_handle(alloc),)
+        imported = new_handle(alloc)
+        fake.imported_handles.add(int(imported))
+        return (imported,)
 
     @api("cuMemRetainAllocationHandle", 1)
     def cuMemRetainAllocationHandle(address: Any) -> tuple[T.CUmemGenericAllocationHandle]:
@@ -276,7 +283,10 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
         m = fake.mapping_at(int(address))
         if m is None:
             raise _Err(R.CUDA_ERROR_INVALID_VALUE)
-        return (new_handle(m.alloc),)
+        retained = new_handle(m.alloc)
+        if m.imported:
+            fake.imported_handles.add(int(retained))
+        return (retained,)
 
     @api("cuMemGetAllocationPropertiesFromHandle", 1)
     def cuMemGetAllocationPropertiesFromHandle(h: Any) -> tuple[T.CUmemAllocationProp]:
@@ -332,7 +342,9 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
             for m in fake.mappings.values()
         ):
             raise _Err(R.CUDA_ERROR_INVALID_VALUE)
-        fake.mappings[address] = Mapping(address, size, alloc, offset)
+        fake.mappings[address] = Mapping(
+            address, size, alloc, offset, imported=int(h) in fake.imported_handles
+        )
         return ()
 
     @api("cuMemSetAccess")

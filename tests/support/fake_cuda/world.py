@@ -87,6 +87,7 @@ class Mapping:
     alloc: Allocation
     offset: int
     access: int = 0  # CUmemAccess_flags value; 0 = none
+    imported: bool = False  # mapped through a handle this process imported
 
 
 @dataclass
@@ -152,6 +153,9 @@ class FakeCuda:
         self._tls = threading.local()
         self.allocations: dict[int, Allocation] = {}
         self.handles: dict[int, Allocation] = {}  # live handle value -> allocation
+        #: handles that came from cuMemImportFromShareableHandle (or were retained from a
+        #: mapping of one): the real driver refuses to export them again
+        self.imported_handles: set[int] = set()
         self.exports: dict[int, Allocation] = {}  # memfd inode -> allocation
         self.reservations: dict[int, int] = {}  # address -> size
         self.mappings: dict[int, Mapping] = {}  # address -> mapping
