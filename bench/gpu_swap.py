@@ -257,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     m = rs.machine()
     m["gpu"] = info["gpu"]
     m["cuda_driver"] = info["cuda_driver"]
-    commit = subprocess.run(
+    # a GPU machine gets a copy of the working tree whose .git may be another commit's:
+    # the caller says which commit it sent (tests/gpu/run_on_device.sh)
+    commit = os.environ.get("MODELSWAP_BENCH_COMMIT") or subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False, cwd=ROOT
     ).stdout.strip()
     machine_class = rs.machine_class(m)

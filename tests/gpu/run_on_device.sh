@@ -3,8 +3,10 @@
 # torch, transformers, cuda-bindings, nvidia-ml-py, pytest and pytest-timeout; nothing of
 # ours installed). Run from the repository root:
 #
-#     OUT=/some/folder bash tests/gpu/run_on_device.sh
+#     OUT=/some/folder MODELSWAP_BENCH_COMMIT=$(git rev-parse HEAD) bash tests/gpu/run_on_device.sh
 #
+# (the device tool copies the working tree, not always with its .git: the bench result
+# names the commit it is given)
 # Writes under $OUT: tests-gpu.log (pytest -v over tests/gpu), record.log, bench.log,
 # versions.txt, and bundle.tgz (those logs, the CUDA call recordings, the bench result
 # JSON and nvidia-smi's view before and after). Every step runs under its own timeout,
