@@ -23,12 +23,12 @@ setup: $(STAMP) ## create .venv (and .venv-triton, kubectl, helm) with everythin
 	@$(BIN)/python -c 'import sys, modelswap_sidecar as m; sys.exit(not m.__file__.startswith("$(CURDIR)/"))' 2>/dev/null || \
 		{ rm -f $(STAMP); $(MAKE) --no-print-directory $(STAMP); }
 
-$(STAMP): pyproject.toml constraints.txt tools/setup.sh tools/install_kube_tools.py tools/install_triton.py
+$(STAMP): pyproject.toml constraints.txt constraints-triton.txt tools/setup.sh tools/install_kube_tools.py tools/install_triton.py
 	bash tools/setup.sh "$(PYTHON)" "$(VENV)"
 	@touch $@
 
 .PHONY: constraints
-constraints: ## re-resolve every dependency to its newest release into constraints.txt (then run the tests, and commit it)
+constraints: ## re-resolve every dependency (torch aside) to its newest release into constraints.txt and constraints-triton.txt (then run the tests, and commit both)
 	bash tools/update_constraints.sh "$(PYTHON)"
 
 demo: setup ## local mode with the example models: swaps, a cold burst, checked answers (< 3 min)

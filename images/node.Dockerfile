@@ -49,6 +49,24 @@ RUN /opt/modelswap/venv/bin/pip install --no-cache-dir --target /opt/modelswap/s
 RUN site="$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
  && mkdir -p "$site" \
  && echo /opt/modelswap/stub-lib > "$site/modelswap-client.pth"
+# The models' packages, in the stubs' Python itself (its site-packages is the environment
+# every python-backend stub runs in; docs/TRITON.md says how to bring others): a CUDA build
+# of torch from PyTorch's index for the CUDA the base image ships (Triton 25.02: CUDA
+# 12.8), first and alone, at the release constraints-triton.txt pins (pip's `==2.13.0`
+# takes the index's `2.13.0+cu128`); then transformers and safetensors at that file's
+# versions, the ones the tests' stub environment passes with (numpy stays below 2, which
+# the python backend needs). The system Python is Ubuntu's (PEP 668), hence
+# --break-system-packages. tests/unit/test_images.py does not replay this step: it writes
+# nothing under /opt/modelswap, and no CUDA build can be installed on the CI machines.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+COPY constraints-triton.txt /tmp/constraints-triton.txt
+RUN torch_pin="$(grep -E '^torch==' /tmp/constraints-triton.txt)" \
+ && python3 -m pip install --no-cache-dir --break-system-packages \
+        --index-url "${TORCH_INDEX_URL}" "${torch_pin}" \
+ && python3 -m pip install --no-cache-dir --break-system-packages \
+        -c /tmp/constraints-triton.txt transformers safetensors \
+ && python3 -c "import torch, transformers, safetensors, numpy; assert numpy.__version__ < '2'" \
+ && rm /tmp/constraints-triton.txt
 # The children's users (the supervisor switches to them; see docs/operations.md). The
 # runtime joins the agent's socket group so Triton's stubs can reach the agent's socket.
 # Fixed gids: the chart's pod sets fsGroup to the agent's group (10001) so that only the
