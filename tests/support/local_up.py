@@ -160,6 +160,9 @@ def local_up(
         sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
         "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0",
         "--sim-gpu-bytes", sim_gpu_bytes, "--allocator", "sim",
+        # these tests change model files under the running node on purpose (weights moved
+        # away, a changed model): local mode's reload on change would race with them
+        "--no-reload",
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -125,6 +125,21 @@ def test_a_folder_that_never_goes_quiet_is_reloaded_after_the_longest_delay_at_m
     assert later[0] == 32  # not before min_interval_seconds since the last reload
 
 
+def test_files_removed_alone_reload_nothing_and_the_next_file_written_does() -> None:
+    watch = SourceWatch(settle_seconds=1.0, min_interval_seconds=0.0)
+    folder = Path("/m/embed")
+    full = {"config.json": (1, 1), "model.safetensors": (90, 1), "model.py": (5, 1)}
+    watch.observe("u", folder, full, 0.0)
+    moved_away = {"config.json": (1, 1), "model.py": (5, 1)}  # weights moved out of it
+    for t in range(1, 20):
+        assert watch.observe("u", folder, moved_away, float(t)) is None
+    back = {**moved_away, "model.safetensors": (91, 30)}  # a new weight file written
+    assert watch.observe("u", folder, back, 30.0) is None
+    change = watch.observe("u", folder, back, 31.0)
+    assert change is not None
+    assert (change.paths, change.keep_host_copy) == (("model.safetensors",), False)
+
+
 def test_a_change_undone_before_it_settles_is_no_change_and_a_new_folder_is_a_new_baseline() -> (
     None
 ):

@@ -10,6 +10,10 @@ made of are left out: hidden ones (`.x.swp`, `.git/`), `__pycache__/` and `*.pyc
 stub writes them when it imports model.py: counting them would reload a model after every
 load), and editors' temporaries (`x~`, `*.swp`, `*.tmp`, `*.part`).
 
+Files removed alone reload nothing: there is nothing new to load, and the model keeps
+serving what it loaded (its host copy answers even with its weight files moved away); the
+next file added or changed reloads it.
+
 Debounced: an editor saves in several steps (write a temporary, rename it; or truncate,
 then write), so a change is due once the folder has been quiet for `settle_seconds` —
 or, for a folder that never goes quiet, `max_delay_seconds` after its first unreloaded
@@ -150,6 +154,13 @@ class SourceWatch:
             return None
         if tree == w.baseline:  # changed and changed back (or reloaded already)
             w.pending = None
+            return None
+        if set(tree.items()) <= set(w.baseline.items()):
+            # files removed, none added or changed: there is nothing new to load (and the
+            # model may need what is gone: its weights moved away, it serves from its host
+            # copy). The folder as it is becomes the baseline; the next file written
+            # reloads the model.
+            w.baseline, w.pending = dict(tree), None
             return None
         if tree != w.pending:
             if w.pending is None:
