@@ -1,0 +1,313 @@
+"""A Llama-architecture causal language model in a Triton python backend, weights in
+modelswap memory, streaming text through Triton's generate extension.
+
+This is the file to copy for a Hugging Face text-generation model. Without modelswap it
+would be the same file minus the lines marked `# modelswap` (6 of them: two imports,
+`attach_model`, `mstorch.from_pretrained` in place of `AutoModelForCausalLM.
+from_pretrained`, `with self.att.in_use():` around each request's generation, `close()`):
+
+- `initialize` attaches to the node's agent, which hands the model a weights region of
+  `weightsBytes`. `mstorch.from_pretrained` builds the model with its parameters on the
+  meta device and either binds them to the bytes the agent restored from its host copy
+  (after a crash or a Triton restart: no weight file is read) or loads the safetensors
+  straight into the region and commits them (saved to the host store, once).
+- The model is decoupled: `execute` starts one thread per request and returns; the
+  thread holds `in_use()` until its final response is sent, so a swapped-out model is
+  swapped back in first and no swap-out happens mid-stream. Parameters keep their
+  addresses across swaps.
+
+Each request: `text_input` (UTF-8) is tokenized as transformers does (BOS first), then one
+token at a time with a KV cache (transformers' DynamicCache, in torch's own memory: it is
+not paged); each response carries the text that became complete (a byte-level token can
+be part of a UTF-8 character) and the `token_ids` it covers; the last also
+`finish_reason`: "stop" (EOS, which is in its token_ids but has no text, or a stop
+string, which is cut from the text) or "length" (max_tokens, or the context's end).
+
+Request parameters (what the gateway's OpenAI routes send; all optional):
+    max_tokens         default: the `default_max_tokens` model parameter, less where the
+                       context (max_position_embeddings) ends first; asking for more than
+                       the context leaves is an error
+    temperature        absent or 0: greedy, the tokens `generate(do_sample=False)` gives;
+                       above 0: sampling, as `generate(do_sample=True, temperature=...,
+                       top_k=..., top_p=...)` does it (the same logits processors, in order)
+    top_k, top_p       with temperature > 0: 0 / 1.0 (absent) filter nothing
+    seed               with temperature > 0: the same seed gives the same tokens (a
+                       torch.Generator per request; absent: a random seed)
+    stop               a string, or a JSON list of strings: the text ends before the first
+    presence_penalty, frequency_penalty    not implemented: refused unless 0
+A parameter outside these ranges is refused with an error response naming it.
+"""
+
+import contextlib
+import json
+import math
+import os
+import threading
+from pathlib import Path
+
+# Every file is local: transformers must never try the Hugging Face Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from modelswap_client import torch as mstorch  # modelswap
+from modelswap_client.triton import attach_model  # modelswap
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: How long `finalize` waits for each running request to finish.
+FINALIZE_WAIT_SECONDS = 30.0
+
+
+def parameter(config, key, default):
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def model_folder(args, config):
+    """The Hugging Face folder: parameter `model_dir`, absolute or relative to this
+    model's folder."""
+    path = Path(parameter(config, "model_dir", "1/hf"))
+    return path if path.is_absolute() else Path(args["model_repository"]) / path
+
+
+class Sampling:
+    """A request's sampling parameters, checked; `ValueError` names the one that is wrong."""
+
+    def __init__(self, parameters, *, default_max_tokens, context_left):
+        def number(name, default, low, high=math.inf, *, integer=False):
+            value = parameters.get(name, default)
+            if value is None:
+                return None
+            kinds = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ValueError(f"{name}: must be {'an integer' if integer else 'a number'}")
+            if not (low <= value <= high):
+                limits = f"at least {low}" if high == math.inf else f"between {low} and {high}"
+                raise ValueError(f"{name}: must be {limits}, not {value}")
+            return value
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            if number(name, 0, -math.inf) != 0:
+                raise ValueError(f"{name}: not implemented by this model (leave it 0)")
+        self.temperature = float(number("temperature", 0, 0))
+        self.top_k = int(number("top_k", 0, 0, integer=True))
+        self.top_p = float(number("top_p", 1.0, 0.0, 1.0))
+        if self.top_p == 0:
+            raise ValueError("top_p: must be above 0")
+        self.seed = number("seed", None, -(2**63), 2**64 - 1, integer=True)
+        self.stop = stop_strings(parameters.get("stop"))
+        if context_left < 1:
+            raise ValueError("text_input: the prompt fills the model's whole context")
+        asked = number("max_tokens", None, 1, integer=True)
+        if asked is not None and asked > context_left:
+            raise ValueError(
+                f"max_tokens: {asked} is more than the {context_left} tokens the context "
+                "leaves after the prompt"
+            )
+        self.max_tokens = asked if asked is not None else min(default_max_tokens, context_left)
+
+    def generator(self):
+        """The request's random source (None when greedy)."""
+        if self.temperature == 0:
+            return None
+        generator = torch.Generator()
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed % 2**64)
+        return generator
+
+    def pick(self, logits, generator):
+        """The next token from the last position's logits [1, vocab], as transformers'
+        generate picks it: argmax, or its warpers (temperature, top-k, top-p) then a
+        multinomial draw."""
+        if generator is None:
+            return int(torch.argmax(logits, dim=-1))
+        scores = logits / self.temperature if self.temperature != 1.0 else logits
+        if self.top_k:
+            kth = torch.topk(scores, min(self.top_k, scores.size(-1)))[0][..., -1, None]
+            scores = scores.masked_fill(scores < kth, -math.inf)
+        if self.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, descending=False)
+            cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+            drop = cumulative <= (1 - self.top_p)
+            drop[..., -1:] = False  # keep at least the most likely token
+            scores = scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, num_samples=1, generator=generator))
+
+
+def stop_strings(value):
+    """`stop` as a tuple of strings: one string, or a JSON list of them (the gateway
+    sends a list that way)."""
+    if value is None:
+        return ()
+    if isinstance(value, str) and value.startswith("["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    strings = (value,) if isinstance(value, str) else value
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) and s for s in strings):
+        raise ValueError("stop: must be a non-empty string or a list of them")
+    return tuple(strings)
+
+
+class TextStream:
+    """Token ids in, text out as soon as it is final: a byte-level token may end inside a
+    UTF-8 character (held until the character is whole), and text that could be the start
+    of a stop string is held until it is known not to be one. The pieces joined are
+    `tokenizer.decode(all ids, skip_special_tokens=True)`, cut before the first stop
+    string."""
+
+    def __init__(self, tokenizer, stop):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids = []
+        self.prefix_offset = self.read_offset = 0  # ids decoded before / up to held text
+        self.held = ""  # final text not yet sent (a possible stop string's start)
+        self.stopped = False
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token):
+        """Take one token; the text now safe to send ("" when none)."""
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset :])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""  # nothing new, or a character still incomplete
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self._release(text[len(before) :])
+
+    def finish(self):
+        """The rest of the text once generation ends (an incomplete character included,
+        decoded as U+FFFD, as decode() does)."""
+        if self.stopped:
+            return ""
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        rest = self._release(self._decode(self.ids[self.prefix_offset :])[len(before) :])
+        if self.stopped:
+            return rest
+        rest, self.held = rest + self.held, ""
+        return rest
+
+    def _release(self, new):
+        text = self.held + new
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.stopped, self.held = True, ""
+            return text[: min(cuts)]
+        keep = max(
+            (k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+
+def text_of(request):
+    raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)
+    if raw.size != 1:
+        raise ValueError(f"text_input: one text per request, not {raw.size}")
+    item = raw[0]
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text_input is not UTF-8: {e}") from None
+
+
+def response(text, token_ids, finish_reason=None):
+    tensors = [
+        pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+        pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32)),
+    ]
+    if finish_reason is not None:
+        tensors.append(
+            pb_utils.Tensor("finish_reason", np.array([finish_reason.encode()], dtype=np.object_))
+        )
+    return pb_utils.InferenceResponse(tensors)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        torch.set_num_threads(int(parameter(config, "cpu_threads", "1")))
+        folder = model_folder(args, config)
+        self.default_max_tokens = int(parameter(config, "default_max_tokens", "128"))
+        self.att = attach_model(args)  # modelswap
+        self.model = mstorch.from_pretrained(self.att, AutoModelForCausalLM, folder)  # modelswap
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.context = int(self.model.config.max_position_embeddings)
+        self.eos = self.model.config.eos_token_id
+        self.eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
+        self.threads = set()
+        self.threads_lock = threading.Lock()
+
+    def tokens(self, prompt_ids, sampling):
+        """Generated token ids, one at a time: the prompt in one forward pass, then one
+        token per pass over the KV cache."""
+        cache = DynamicCache(config=self.model.config)
+        generator = sampling.generator()
+        ids = torch.tensor([prompt_ids])
+        for _ in range(sampling.max_tokens):
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            token = sampling.pick(out.logits[:, -1, :].float(), generator)
+            yield token
+            ids = torch.tensor([[token]])
+
+    def generate(self, request, sender):
+        """Stream one request's answer; every way out ends with a final response."""
+        try:
+            prompt_ids = self.tokenizer(text_of(request))["input_ids"]
+            parameters = json.loads(request.parameters() or "{}")
+            sampling = Sampling(
+                parameters,
+                default_max_tokens=self.default_max_tokens,
+                context_left=self.context - len(prompt_ids),
+            )
+        except ValueError as e:
+            error = pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+            sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            return
+        stream = TextStream(self.tokenizer, sampling.stop)
+        try:
+            with self.att.in_use(), torch.inference_mode():  # modelswap
+                pending, reason = [], "length"
+                for count, token in enumerate(self.tokens(prompt_ids, sampling), start=1):
+                    pending.append(token)
+                    text = stream.add(token)
+                    if token in self.eos or stream.stopped:
+                        reason = "stop"
+                        break
+                    if text and count < sampling.max_tokens:
+                        sender.send(response(text, pending))
+                        pending = []
+                sender.send(response(text + stream.finish(), pending, reason), flags=FINAL)
+        except Exception as e:  # the stream must end with a final response either way
+            error = pb_utils.TritonError(f"tinyllama: {e}")
+            sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+
+    def _run(self, request, sender):
+        try:
+            self.generate(request, sender)
+        finally:
+            with self.threads_lock:
+                self.threads.discard(threading.current_thread())
+
+    def execute(self, requests):
+        for request in requests:
+            thread = threading.Thread(
+                target=self._run, args=(request, request.get_response_sender()), daemon=True
+            )
+            with self.threads_lock:
+                self.threads.add(thread)
+            thread.start()
+
+    def finalize(self):
+        with self.threads_lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=FINALIZE_WAIT_SECONDS)
+        self.att.close()  # modelswap
