@@ -294,7 +294,13 @@ def build_driver(fake: FakeCuda) -> types.ModuleType:
         alloc = handle(h)
         prop = T.CUmemAllocationProp()
         prop.type = T.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.requestedHandleTypes = POSIX_FD
+        # an imported handle reports no shareable type (as the H200 answered): it cannot be
+        # exported again (cuMemExportToShareableHandle below)
+        prop.requestedHandleTypes = (
+            T.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+            if int(h) in fake.imported_handles
+            else POSIX_FD
+        )
         prop.location.type = (
             T.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
             if alloc.kind == "device"
