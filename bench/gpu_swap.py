@@ -244,6 +244,13 @@ def _managed_round_trip(size: int, repeats: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _notes() -> list[str]:
+    """The docstring's list of what is measured, one note per item, and its ratio line."""
+    parts = (__doc__ or "").split("\n\n")
+    items = [" ".join(i.split()) for i in ("\n" + parts[3]).split("\n- ") if i.strip()]
+    return [*items, " ".join(parts[4].split())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes-mib", default="1024,4096,16384")
@@ -259,21 +266,24 @@ def main(argv: list[str] | None = None) -> int:
     m["cuda_driver"] = info["cuda_driver"]
     # a GPU machine gets a copy of the working tree whose .git may be another commit's:
     # the caller says which commit it sent (tests/gpu/run_on_device.sh)
-    commit = os.environ.get("MODELSWAP_BENCH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False, cwd=ROOT
-    ).stdout.strip()
+    commit = (
+        os.environ.get("MODELSWAP_BENCH_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False, cwd=ROOT
+        ).stdout.strip()
+    )
     machine_class = rs.machine_class(m)
     doc = {
         "schema": rs.SCHEMA,
         "bench": "gpu-swap",
-        "command": "python bench/gpu_swap.py",
+        "command": " ".join(["python bench/gpu_swap.py", *(argv or sys.argv[1:])]),
         "machine_class": machine_class,
         "machine": m,
         "git_commit": commit,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "backend": "cuda-vmm",
         "scaled": False,
-        "notes": [line.strip() for line in (__doc__ or "").split("\n\n")[2:4]],
+        "notes": _notes(),
         "results": results,
     }
     path = rs.RESULTS / machine_class / "gpu-swap.json"
