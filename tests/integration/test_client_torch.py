@@ -22,6 +22,7 @@ from modelswap_client.client import Attachment, ClientError, RegionSpec, attach 
 from tests.support.engine_procs import AgentProc, shm_procs  # noqa: E402
 
 MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "m"
 
 
@@ -303,5 +304,24 @@ def test_required_bytes_is_what_from_pretrained_uses_for_real_minilm(agent: Agen
         assert _inside(att, model)
         with att.in_use():
             assert torch.equal(_embed(model, ids), want)
+    finally:
+        att.close()
+
+
+def test_required_bytes_is_what_from_pretrained_uses_for_tinyllama(agent: AgentProc) -> None:
+    folder = REPO / "examples" / "models" / "tinyllama" / "1" / "hf"
+    cls = transformers.LlamaForCausalLM
+    need = mstorch.required_bytes(mstorch.build_pretrained(cls, folder))
+    ids = torch.tensor([[1, 72, 105, 33]])
+    reference = cls.from_pretrained(folder).eval()
+    with torch.no_grad():
+        want = reference(input_ids=ids).logits
+    att = _attach(agent, need)
+    try:
+        model = mstorch.from_pretrained(att, cls, folder)
+        assert mstorch.layout_of(model).total_bytes == need
+        assert _inside(att, model)
+        with att.in_use(), torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, want)
     finally:
         att.close()
