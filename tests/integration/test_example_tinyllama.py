@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import json
+import re
 import sys
 import threading
 import types
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -205,10 +207,10 @@ class _Attachment:
 class _Sender:
     def __init__(self, att: _Attachment) -> None:
         self.att = att
-        self.sent: list[tuple[_Response, int, int]] = []  # response, flags, in_use depth
+        self.sent: list[tuple[_Response | None, int, int]] = []  # response, flags, in_use depth
         self.done = threading.Event()
 
-    def send(self, response: _Response, flags: int = 0) -> None:
+    def send(self, response: _Response | None = None, flags: int = 0) -> None:
         assert not self.done.is_set(), "a response after the final one"
         self.sent.append((response, flags, self.att.depth))
         if flags == 1:
@@ -220,6 +222,9 @@ class _Sender:
         assert [flags for _, flags, _ in self.sent] == [0] * (len(self.sent) - 1) + [1]
         answer = Answer()
         for response, _, depth in self.sent:
+            if response is None:  # a stream closed without a last response (cancelled)
+                answer.finish_reason = "cancelled"
+                continue
             if response.error is not None:
                 assert len(self.sent) == 1, "an error after streamed text"
                 answer.error = response.error.message()
@@ -235,17 +240,35 @@ class _Sender:
 
 
 class _Request:
-    def __init__(self, sender: _Sender, text: str | bytes, parameters: dict[str, Any]) -> None:
+    """`cancel_after`: is_cancelled() answers True from that call on (the client hung up)."""
+
+    def __init__(
+        self,
+        sender: _Sender,
+        text: str | bytes,
+        parameters: dict[str, Any],
+        cancel_after: int | None = None,
+    ) -> None:
         raw = text.encode() if isinstance(text, str) else text
         self.inputs = {"text_input": _InputTensor(np.array([raw], dtype=np.object_))}
         self._parameters = json.dumps(parameters)
         self.sender = sender
+        self.cancel_after = cancel_after
+        self.cancel_checks = 0
 
     def parameters(self) -> str:
         return self._parameters
 
+    def is_cancelled(self) -> bool:
+        self.cancel_checks += 1
+        return self.cancel_after is not None and self.cancel_checks > self.cancel_after
+
     def get_response_sender(self) -> _Sender:
         return self.sender
+
+
+#: What the model logged through the stand-in `pb_utils.Logger`.
+LOGGED: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +281,7 @@ def model_py() -> Iterator[types.ModuleType]:
     utils.InferenceResponse = _Response  # type: ignore[attr-defined]
     utils.TritonError = _TritonError  # type: ignore[attr-defined]
     utils.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)  # type: ignore[attr-defined]
+    utils.Logger = types.SimpleNamespace(log_info=LOGGED.append)  # type: ignore[attr-defined]
     saved = sys.modules.get("triton_python_backend_utils")
     sys.modules["triton_python_backend_utils"] = utils
     try:
@@ -306,11 +330,18 @@ class InProcess:
         with torch_threads(1):  # initialize sets the process's threads: put them back after
             self.model.initialize(args)
 
-    def run(self, requests: Sequence[tuple[str | bytes, dict[str, Any]]]) -> list[Answer]:
+    def run(
+        self,
+        requests: Sequence[tuple[str | bytes, dict[str, Any]]],
+        cancel_after: int | None = None,
+    ) -> list[Answer]:
         senders = [_Sender(self.att) for _ in requests]
         with torch_threads(1):
             self.model.execute(
-                [_Request(s, t, p) for s, (t, p) in zip(senders, requests, strict=True)]
+                [
+                    _Request(sender, text, parameters, cancel_after)
+                    for sender, (text, parameters) in zip(senders, requests, strict=True)
+                ]
             )
             answers = [s.answer() for s in senders]
         wait_for(lambda: not self.model.threads, 30, "the request threads to end")
@@ -448,6 +479,18 @@ def test_a_parameter_out_of_range_is_one_error_response_naming_it(
     answer = served.one("hello", **parameters)
     assert answer.error == message
     assert served.att.entered == 0  # refused before anything would swap the model in
+
+
+def test_a_request_its_client_cancels_stops_generating(
+    served: InProcess, reference: Reference
+) -> None:
+    """Cancelled at its fourth token: three tokens streamed, then the stream closes without
+    a last response, the model says so in its log, and the request's thread ends."""
+    LOGGED.clear()
+    (answer,) = served.run([(PROMPTS[0], {"max_tokens": 1000})], cancel_after=3)
+    assert answer.finish_reason == "cancelled"
+    assert answer.tokens == reference.tokens(PROMPTS[0])[:3]
+    assert LOGGED == ["tinyllama: request cancelled by its client after 3 tokens"]
 
 
 def test_text_that_is_not_utf8_is_refused(served: InProcess) -> None:
@@ -634,6 +677,24 @@ def check_answers(node: LocalNode, reference: Reference, *, first: str = "v2") -
                     assert got == (reference.text(expected), finish_of(expected, MAX_TOKENS))
 
 
+def hang_up_mid_stream(node: LocalNode) -> None:
+    """A client that hangs up after the first chunk of a 4,000-token stream: the gateway
+    cancels the request and the model stops generating (it logs so) long before the end."""
+    body = {"model": "tinyllama", "prompt": "hi", "max_tokens": 4000, "stream": True}
+    with (
+        httpx.Client(timeout=60, trust_env=False) as client,
+        client.stream("POST", f"{node.gateway}/v1/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        assert next(line for line in r.iter_lines() if line.startswith("data: "))
+    cancelled = wait_for(
+        lambda: re.search(r"request cancelled by its client after (\d+) tokens", node.log()),
+        30,
+        "the model to stop generating for the client that hung up",
+    )
+    assert int(cancelled.group(1)) < 4000
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_served_answers_equal_transformers_before_and_after_swaps(reference: Reference) -> None:
@@ -665,6 +726,7 @@ def test_served_answers_equal_transformers_before_and_after_swaps(reference: Ref
         assert got == (expected[: expected.index(stop)], "stop")
         r = node.post("/v1/completions", {"model": "tinyllama", "prompt": "x", "temperature": -1})
         assert r.status_code == 400 and "temperature: must be at least 0" in r.text, r.text
+        hang_up_mid_stream(node)
 
         # A manual swap-out; the next request (a v2 stream) swaps it back in.
         before = node.model("tinyllama")

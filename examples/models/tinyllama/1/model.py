@@ -21,7 +21,9 @@ token at a time with a KV cache (transformers' DynamicCache, in torch's own memo
 not paged); each response carries the text that became complete (a byte-level token can
 be part of a UTF-8 character) and the `token_ids` it covers; the last also
 `finish_reason`: "stop" (EOS, which is in its token_ids but has no text, or a stop
-string, which is cut from the text) or "length" (max_tokens, or the context's end).
+string, which is cut from the text) or "length" (max_tokens, or the context's end). A
+request its client cancels (the gateway cancels it when the client hangs up) stops at the
+next token and its stream ends without another response.
 
 Request parameters (what the gateway's OpenAI routes send; all optional):
     max_tokens         default: the `default_max_tokens` model parameter, less where the
@@ -276,6 +278,12 @@ class TritonPythonModel:
             with self.att.in_use(), torch.inference_mode():  # modelswap
                 pending, reason = [], "length"
                 for count, token in enumerate(self.tokens(prompt_ids, sampling), start=1):
+                    if request.is_cancelled():  # the client hung up: stop generating for no one
+                        pb_utils.Logger.log_info(
+                            f"tinyllama: request cancelled by its client after {count - 1} tokens"
+                        )
+                        sender.send(flags=FINAL)
+                        return
                     pending.append(token)
                     text = stream.add(token)
                     if token in self.eos or stream.stopped:
