@@ -110,11 +110,11 @@ class Sampling:
             )
         self.max_tokens = asked if asked is not None else min(default_max_tokens, context_left)
 
-    def generator(self):
-        """The request's random source (None when greedy)."""
+    def generator(self, device):
+        """The request's random source on `device` (None when greedy)."""
         if self.temperature == 0:
             return None
-        generator = torch.Generator()
+        generator = torch.Generator(device=device)
         if self.seed is None:
             generator.seed()
         else:
@@ -251,13 +251,14 @@ class TritonPythonModel:
         """Generated token ids, one at a time: the prompt in one forward pass, then one
         token per pass over the KV cache."""
         cache = DynamicCache(config=self.model.config)
-        generator = sampling.generator()
-        ids = torch.tensor([prompt_ids])
+        device = self.model.device  # the region's: the CPU on the sim backend, else the GPU
+        generator = sampling.generator(device)
+        ids = torch.tensor([prompt_ids], device=device)
         for _ in range(sampling.max_tokens):
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             token = sampling.pick(out.logits[:, -1, :].float(), generator)
             yield token
-            ids = torch.tensor([[token]])
+            ids = torch.tensor([[token]], device=device)
 
     def generate(self, request, sender):
         """Stream one request's answer; every way out ends with a final response."""
