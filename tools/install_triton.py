@@ -222,8 +222,15 @@ def _install_server(venv: Path, facts: dict[str, str]) -> None:
         ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"),
     )
     shutil.copy2(stub, staging / "backends" / "python" / "triton_python_backend_stub")
-    shutil.rmtree(target, ignore_errors=True)
+    # Two renames, then the removal: a Triton running from this folder (a test's, local
+    # mode's) finds a whole server at the path whenever it starts a stub, and keeps the
+    # files it has open.
+    previous = venv / "tritonserver.old"
+    shutil.rmtree(previous, ignore_errors=True)
+    if target.exists():
+        target.rename(previous)
     staging.rename(target)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _install_stub_path(venv: Path, facts: dict[str, str]) -> None:
