@@ -1,18 +1,22 @@
-"""`make demo`: modelswap's local mode with the example models, end to end.
+"""`make demo`: modelswap's local mode with the real example models, end to end.
 
-Starts `modelswap up` on a copy of examples/*.yaml (models from examples/models; one sim
-GPU of 240Mi that holds the pinned chat model and one more, so models compete), sends a
-scripted request pattern through the gateway and checks every answer against
-examples/models/reference.py:
+Starts `modelswap up` on a copy of examples/*.yaml: `embed` (all-MiniLM-L6-v2 with its
+real weights) and `tinyllama` (a Llama-architecture model with random weights from a fixed
+seed), both Hugging Face models in Triton python backends whose weights live in modelswap
+memory (a copy of examples/models), on one sim GPU. It sends a scripted request pattern through the
+gateway and checks every answer against the same models run with plain transformers in
+this process (examples/models/reference.py: embeddings within 1e-6, greedy tokens equal):
 
-  1. chat (pinned)              three streamed generations: resident throughout
-  2. burst on a cold model      50 concurrent KServe v2 requests to classify while it is
-                                out: one swap-in, every waiter served in order
-  3. request-triggered swap-in  summarize, evicted by the burst, swaps back in
-  4. live policy edit           summarize's file gets `idleAfter: 10s`; the agent swaps it
-                                out once idle (waiting past idleAfter)
-  5. swap-in from host memory   summarize again: restored from the host store
-  6. OpenAI model list          /v1/models names the three models
+  1. embed                      KServe v2 and OpenAI /v1/embeddings (float and base64)
+  2. tinyllama                  OpenAI completions, aggregated and streamed, and a chat
+  3. idle swap-out              embed's file gets `idleAfter: 5s, minResident: 2s` (a live
+                                policy edit); the agent swaps it out once idle
+  4. burst on a cold model      50 concurrent /v1/embeddings requests while embed is out:
+                                one swap-in, every waiter served
+  5. idle swap-out, swap-in     the same edit of tinyllama's file; once it is out, a
+                                request swaps it back in from host memory
+  6. request-triggered swap-in  embed, out again after its idle time, swapped in by a request
+  7. OpenAI model list          /v1/models names both models
 
 It prints a summary (per-model swaps, swap-in latencies, queue waits, refusals,
 correctness) with a residency chart, stops local mode with SIGINT and checks that nothing
@@ -43,15 +47,32 @@ from typing import Any, TypeVar
 
 import httpx
 import numpy as np
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-MIB = 1 << 20
+#: One sim GPU that holds both models (87 MiB and 3 MiB of weights) under its watermark:
+#: what moves them out here is the idle policy, which the demo tightens as it goes.
+SIM_GPU = "128Mi"
 BURST = 50
-#: ModelDeployment name -> the name users call (spec.model.name) where they differ.
-USER_NAMES = {"chat-pinned": "chat"}
+TOLERANCE = 1e-6
 T = TypeVar("T")
+
+#: One v2 request each: a batch of texts, then a single one.
+EMBED_V2 = (
+    (
+        "modelswap pages idle models out of GPU memory",
+        "and back in when a request arrives",
+        "Ünïcødé and emoji 🚀 are text too",
+    ),
+    ("a single sentence",),
+)
+EMBED_OPENAI = ("A cold model costs a paging event.", "not a reload")
+BURST_TEXTS = tuple(f"burst request {i}: is the cold model back yet?" for i in range(BURST))
+#: (prompt, max_tokens) for /v1/completions; (messages, max_tokens) for the chat route.
+COMPLETIONS = (("Once upon a time", 24), ("modelswap swaps models", 16))
+CHAT = ([{"role": "user", "content": "hello, who are you?"}], 20)
 
 
 @dataclass
@@ -62,6 +83,37 @@ class Step:
     wrong: list[str] = field(default_factory=list)
     codes: dict[int, int] = field(default_factory=dict)
 
+    def answered(self, started: float, status: int) -> None:
+        self.latencies_seconds.append(time.monotonic() - started)
+        self.codes[status] = self.codes.get(status, 0) + 1
+
+
+@dataclass
+class References:
+    """Every expected answer, from the same models run with plain transformers here."""
+
+    embed_v2: list[tuple[np.ndarray, np.ndarray]]
+    embed_openai: tuple[np.ndarray, np.ndarray]
+    burst: list[tuple[np.ndarray, np.ndarray]]
+    completions: list[str]
+    chat: str
+
+    @classmethod
+    def compute(cls) -> References:
+        from examples.models.reference import (  # noqa: PLC0415 - torch, after the start
+            embed_texts,
+            tinyllama_text,
+        )
+        from modelswap_sidecar.gateway.openai import chat_prompt  # noqa: PLC0415
+
+        return cls(
+            embed_v2=[embed_texts(texts) for texts in EMBED_V2],
+            embed_openai=embed_texts(EMBED_OPENAI),
+            burst=[embed_texts([text]) for text in BURST_TEXTS],
+            completions=[tinyllama_text(prompt, n) for prompt, n in COMPLETIONS],
+            chat=tinyllama_text(chat_prompt(CHAT[0]), CHAT[1]),
+        )
+
 
 @dataclass
 class Demo:
@@ -70,9 +122,14 @@ class Demo:
     metrics: str
     token: str
     folder: Path
+    #: ModelDeployment name -> the name users call (spec.model.name)
+    user_names: dict[str, str]
+    #: ModelDeployment name -> its file in `folder`
+    files: dict[str, str]
     steps: list[Step] = field(default_factory=list)
     timeline: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    references: References | None = None
 
     @property
     def correct(self) -> int:
@@ -81,6 +138,15 @@ class Demo:
     @property
     def wrong(self) -> list[str]:
         return [w for s in self.steps for w in s.wrong]
+
+    @property
+    def expected(self) -> References:
+        assert self.references is not None
+        return self.references
+
+    def step(self, title: str) -> Step:
+        self.steps.append(Step(title))
+        return self.steps[-1]
 
 
 # -- talking to local mode -------------------------------------------------------------------
@@ -139,100 +205,123 @@ async def sample_timeline(demo: Demo, client: httpx.AsyncClient, stop: asyncio.E
 # -- the example models through the gateway --------------------------------------------------
 
 
-async def mlp_request(demo: Demo, client: httpx.AsyncClient, step: Step, seed: int) -> None:
-    from examples.models.reference import (  # noqa: PLC0415
-        mlp_checksum,
-        mlp_forward,
-        mlp_infer_body,
-        mlp_input,
-    )
+def _differs(got: np.ndarray, expected: np.ndarray) -> str | None:
+    """Why `got` is not `expected` within TOLERANCE, or None."""
+    if got.shape != expected.shape:
+        return f"shape {got.shape} != {expected.shape}"
+    difference = float(np.max(np.abs(got - expected))) if got.size else 0.0
+    return None if difference <= TOLERANCE else f"max abs difference {difference:.3g}"
 
-    x = mlp_input(seed)
-    body = mlp_infer_body(x)
+
+async def embed_v2(client: httpx.AsyncClient, demo: Demo, step: Step, index: int) -> None:
+    """KServe v2: one request with the texts of EMBED_V2[index]."""
+    from examples.models.reference import embed_infer_body, embed_outputs  # noqa: PLC0415
+
+    texts = EMBED_V2[index]
     started = time.monotonic()
-    r = await client.post(f"{demo.gateway}/v2/models/classify/infer", json=body)
-    step.latencies_seconds.append(time.monotonic() - started)
-    step.codes[r.status_code] = step.codes.get(r.status_code, 0) + 1
+    r = await client.post(f"{demo.gateway}/v2/models/embed/infer", json=embed_infer_body(texts))
+    step.answered(started, r.status_code)
     if r.status_code != 200:
-        step.wrong.append(f"classify seed {seed}: HTTP {r.status_code} {r.text[:200]}")
+        step.wrong.append(f"embed v2: HTTP {r.status_code} {r.text[:200]}")
         return
-    outputs = {o["name"]: o for o in r.json()["outputs"]}
-    got = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(x.shape[0], -1)
-    checksum = int(outputs["CHECKSUM"]["data"][0])
-    if not np.allclose(got, mlp_forward(x), rtol=1e-4, atol=1e-4):
-        step.wrong.append(f"classify seed {seed}: outputs differ from the reference")
-    elif checksum != mlp_checksum(32 * MIB):
-        step.wrong.append(f"classify seed {seed}: weights checksum {checksum} is wrong")
+    rows, tokens = embed_outputs(r.json())
+    expected_rows, expected_tokens = demo.expected.embed_v2[index]
+    why = _differs(rows, expected_rows)
+    if why is None and tokens.tolist() != expected_tokens.tolist():
+        why = f"prompt_tokens {tokens.tolist()} != {expected_tokens.tolist()}"
+    if why:
+        step.wrong.append(f"embed v2 {texts[0][:30]!r}...: {why}")
     else:
         step.ok += 1
 
 
-async def tinylm_request(  # noqa: PLR0917 - one call shape, read at each use
-    demo: Demo, client: httpx.AsyncClient, step: Step, model: str, prompt: list[int], n: int
-) -> bool:
-    """One streamed generation; True when it says its weights came from the host store."""
-    from examples.models.reference import tinylm_checksum, tinylm_generate  # noqa: PLC0415
-
+async def embed_openai(  # noqa: PLR0917 - one call shape, read at each use
+    client: httpx.AsyncClient,
+    demo: Demo,
+    step: Step,
+    texts: tuple[str, ...],
+    expected: tuple[np.ndarray, np.ndarray],
+    encoding: str = "float",
+) -> None:
+    """`/v1/embeddings`: every row within TOLERANCE, usage the tokens' sum."""
+    body: dict[str, Any] = {"model": "embed", "input": list(texts)}
+    if encoding != "float":
+        body["encoding_format"] = encoding
     started = time.monotonic()
-    events: list[dict[str, Any]] = []
-    body = {"PROMPT": prompt, "MAX_TOKENS": n}
-    url = f"{demo.gateway}/v2/models/{model}/generate_stream"
+    r = await client.post(f"{demo.gateway}/v1/embeddings", json=body)
+    step.answered(started, r.status_code)
+    if r.status_code != 200:
+        step.wrong.append(f"/v1/embeddings: HTTP {r.status_code} {r.text[:200]}")
+        return
+    answer = r.json()
+    data = sorted(answer["data"], key=lambda d: d["index"])
+    if encoding == "base64":
+        import base64  # noqa: PLC0415
+
+        rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data]
+    else:
+        rows = [np.array(d["embedding"], dtype=np.float32) for d in data]
+    why = _differs(np.stack(rows), expected[0]) if rows else "no rows"
+    if why is None and answer["usage"]["prompt_tokens"] != int(expected[1].sum()):
+        why = f"usage.prompt_tokens {answer['usage']['prompt_tokens']} != {int(expected[1].sum())}"
+    if why:
+        step.wrong.append(f"/v1/embeddings ({encoding}) {texts[0][:30]!r}: {why}")
+    else:
+        step.ok += 1
+
+
+async def completion(  # noqa: PLR0917 - one call shape, read at each use
+    client: httpx.AsyncClient,
+    demo: Demo,
+    step: Step,
+    route: str,
+    body: dict[str, Any],
+    expected: str,
+) -> None:
+    """One OpenAI completion or chat, aggregated (`stream` false) or streamed, whose text
+    must be the greedy text of plain transformers."""
+    url = f"{demo.gateway}/v1/{route}"
+    streamed = bool(body.get("stream"))
+    started = time.monotonic()
+    pieces: list[str] = []
     async with client.stream("POST", url, json=body) as r:
         status = r.status_code
-        if status == 200:
+        if status != 200:
+            text = (await r.aread()).decode(errors="replace")[:200]
+        elif streamed:
             async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    events.append(json.loads(line[5:]))
+                if line.startswith("data: {"):
+                    choice = json.loads(line[6:])["choices"][0]
+                    pieces.append(
+                        choice.get("text") or choice.get("delta", {}).get("content") or ""
+                    )
         else:
-            text = (await r.aread()).decode(errors="replace")
-    step.latencies_seconds.append(time.monotonic() - started)
-    step.codes[status] = step.codes.get(status, 0) + 1
+            choice = json.loads(await r.aread())["choices"][0]
+            pieces.append(
+                choice["text"] if route == "completions" else choice["message"]["content"]
+            )
+    step.answered(started, status)
+    kind = f"{route}{' streamed' if streamed else ''}"
     if status != 200:
-        step.wrong.append(f"{model}: HTTP {status} {text[:200]}")
-        return False
-    expected = [t.token for t in tinylm_generate(prompt, n)]
-    tokens = [int(e.get("TOKEN", -1)) for e in events]
-    checksum = int(events[-1].get("CHECKSUM", -1)) if events else -1
-    if any("error" in e for e in events) or tokens != expected:
-        step.wrong.append(f"{model} {prompt}: tokens {tokens} != reference {expected}")
-    elif checksum != tinylm_checksum(64 * MIB):
-        step.wrong.append(f"{model}: weights checksum {checksum} is wrong")
+        step.wrong.append(f"tinyllama {kind}: HTTP {status} {text}")
+    elif "".join(pieces) != expected:
+        step.wrong.append(f"tinyllama {kind}: {''.join(pieces)!r} != reference {expected!r}")
     else:
         step.ok += 1
-    return bool(events and events[-1].get("RESTORED"))
 
 
-async def openai_completion(  # noqa: PLR0917 - one call shape, read at each use
-    demo: Demo, client: httpx.AsyncClient, step: Step, model: str, prompt: str, n: int
+async def tinyllama_completions(
+    client: httpx.AsyncClient, demo: Demo, step: Step, *, stream: bool
 ) -> None:
-    """`/v1/completions` twice, aggregated and streamed; both must spell the reference."""
-    from examples.models.reference import tinylm_complete  # noqa: PLC0415
+    for (prompt, n), expected in zip(COMPLETIONS, demo.expected.completions, strict=True):
+        body = {"model": "tinyllama", "prompt": prompt, "max_tokens": n, "stream": stream}
+        await completion(client, demo, step, "completions", body, expected)
 
-    expected = tinylm_complete(prompt, n)
-    url = f"{demo.gateway}/v1/completions"
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": n}
-    started = time.monotonic()
-    r = await client.post(url, json=body)
-    step.latencies_seconds.append(time.monotonic() - started)
-    step.codes[r.status_code] = step.codes.get(r.status_code, 0) + 1
-    text = r.json()["choices"][0]["text"] if r.status_code == 200 else r.text[:200]
-    if text == expected:
-        step.ok += 1
-    else:
-        step.wrong.append(f"{model} completion {text!r} != reference {expected!r}")
-    chunks: list[str] = []
-    started = time.monotonic()
-    async with client.stream("POST", url, json={**body, "stream": True}) as streamed:
-        status = streamed.status_code
-        async for line in streamed.aiter_lines():
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:])["choices"][0]["text"])
-    step.latencies_seconds.append(time.monotonic() - started)
-    step.codes[status] = step.codes.get(status, 0) + 1
-    if "".join(chunks) == expected and len([c for c in chunks if c]) == n:
-        step.ok += 1
-    else:
-        step.wrong.append(f"{model} streamed {chunks!r} != reference {expected!r} token by token")
+
+async def tinyllama_chat(client: httpx.AsyncClient, demo: Demo, step: Step) -> None:
+    messages, n = CHAT
+    body = {"model": "tinyllama", "messages": messages, "max_tokens": n, "stream": True}
+    await completion(client, demo, step, "chat/completions", body, demo.expected.chat)
 
 
 # -- the scenario ---------------------------------------------------------------------------
@@ -242,17 +331,39 @@ def _cold(info: dict[str, Any]) -> bool:
     return info["phase"] in ("SwappedOut", "Dropped")
 
 
+async def edit_policy(demo: Demo, client: httpx.AsyncClient, name: str, **policy: str) -> str:
+    """A live policy edit, as a user makes it: swapPolicy fields of `name`'s file rewritten;
+    returns once the agent holds the new generation. What changed, for the notes."""
+    path = demo.folder / demo.files[name]
+    doc = yaml.safe_load(path.read_text())
+    fields = doc["spec"].setdefault("swapPolicy", {})
+    changes = [f"{k} {fields.get(k, 'unset')} -> {v}" for k, v in policy.items()]
+    fields.update(policy)
+    generation = (await models(demo, client))[name]["generation"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    async def applied() -> bool:
+        return bool((await models(demo, client))[name]["generation"] > generation)
+
+    # a refused edit (the folder's problems, in local mode's log) times out here
+    await eventually(applied, timeout_seconds=20, what=f"the edit of {path.name} to apply")
+    return f"the edit {', '.join(changes)}"
+
+
 async def scenario(demo: Demo) -> None:
     limits = httpx.Limits(max_connections=BURST + 10)
     async with httpx.AsyncClient(timeout=120.0, trust_env=False, limits=limits) as client:
+        # The references (torch and transformers here) while the models load there.
+        references = asyncio.create_task(asyncio.to_thread(References.compute))
 
         async def loaded() -> bool:
             found = await models(demo, client)
-            return len(found) == 3 and all(
+            return len(found) == len(demo.user_names) and all(
                 m["phase"] not in ("Pending", "Loading") for m in found.values()
             )
 
-        await eventually(loaded, timeout_seconds=90, what="the three models to load")
+        await eventually(loaded, timeout_seconds=150, what="the models to load")
+        demo.references = await references
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample_timeline(demo, client, stop))
         try:
@@ -262,73 +373,63 @@ async def scenario(demo: Demo) -> None:
             await sampler
 
 
+async def _wait_cold(demo: Demo, client: httpx.AsyncClient, name: str, since: str) -> None:
+    """Until the agent has swapped `name` out for being idle; noted with the wait."""
+    started = time.monotonic()
+
+    async def cold() -> bool:
+        return _cold((await models(demo, client))[name])
+
+    await eventually(cold, timeout_seconds=60, what=f"{name}'s idle swap-out")
+    seconds = time.monotonic() - started
+    demo.notes.append(f"{name} swapped out when idle: waited {seconds:.1f} s after {since}")
+
+
 async def _steps(demo: Demo, client: httpx.AsyncClient) -> None:
-    chat = Step("chat (pinned): 3 streamed generations")
-    demo.steps.append(chat)
-    for i in range(3):
-        await tinylm_request(demo, client, chat, "chat", [1, 2, 3 + i], 8)
+    first = demo.step("embed: KServe v2 and /v1/embeddings")
+    for index in range(len(EMBED_V2)):
+        await embed_v2(client, demo, first, index)
+    for encoding in ("float", "base64"):
+        await embed_openai(client, demo, first, EMBED_OPENAI, demo.expected.embed_openai, encoding)
 
-    # Make classify cold: summarize in (evicting classify if it is resident), then wait.
-    warm = Step("summarize: first request")
-    demo.steps.append(warm)
-    await tinylm_request(demo, client, warm, "summarize", [5, 6, 7], 6)
+    generated = demo.step("tinyllama: completions (aggregated, streamed), chat")
+    await tinyllama_completions(client, demo, generated, stream=False)
+    await tinyllama_completions(client, demo, generated, stream=True)
+    await tinyllama_chat(client, demo, generated)
 
-    async def classify_cold() -> bool:
-        return _cold((await models(demo, client))["classify"])
-
-    await eventually(classify_cold, timeout_seconds=60, what="classify to be out of HBM")
+    # A live policy edit: embed swaps out after 5 idle seconds instead of 60.
+    edit = await edit_policy(demo, client, "embed", idleAfter="5s", minResident="2s")
+    await _wait_cold(demo, client, "embed", edit)
 
     before = await models(demo, client)
-    burst = Step(f"burst: {BURST} concurrent v2 requests to cold classify")
-    demo.steps.append(burst)
-    await asyncio.gather(*(mlp_request(demo, client, burst, seed) for seed in range(BURST)))
-    after = await models(demo, client)
-    swap_ins = after["classify"]["swapIns"] - before["classify"]["swapIns"]
-    demo.notes.append(f"burst on cold classify: {swap_ins} swap-in(s) for {BURST} requests")
-    if swap_ins != 1:
-        burst.wrong.append(f"the burst caused {swap_ins} swap-ins of classify, not exactly one")
-
-    back = Step("summarize: request-triggered swap-in")
-    demo.steps.append(back)
-    if not _cold(after["summarize"]):
-        demo.notes.append("summarize was still resident after the burst (no eviction)")
-    await tinylm_request(demo, client, back, "summarize", [9, 8, 7, 6], 6)
-
-    # A live policy edit: summarize swaps out after 10 idle seconds instead of 20.
-    file = demo.folder / "summarize-idle-preserve-kv.yaml"
-    file.write_text(file.read_text().replace("idleAfter: 20s", "idleAfter: 10s"))
-    edited = time.monotonic()
-
-    async def summarize_out() -> bool:
-        return _cold((await models(demo, client))["summarize"])
-
-    await eventually(summarize_out, timeout_seconds=60, what="summarize's idle swap-out")
-    demo.notes.append(
-        f"live edit idleAfter 20s -> 10s: summarize swapped out {time.monotonic() - edited:.1f}s "
-        "after the edit"
+    burst = demo.step(f"burst: {BURST} concurrent /v1/embeddings to cold embed")
+    await asyncio.gather(
+        *(
+            embed_openai(client, demo, burst, (text,), expected)
+            for text, expected in zip(BURST_TEXTS, demo.expected.burst, strict=True)
+        )
     )
+    after = await models(demo, client)
+    swap_ins = after["embed"]["swapIns"] - before["embed"]["swapIns"]
+    demo.notes.append(f"burst on cold embed: {swap_ins} swap-in(s) for {BURST} requests")
+    if swap_ins != 1:
+        burst.wrong.append(f"the burst caused {swap_ins} swap-ins of embed, not exactly one")
 
-    restore = Step("summarize: swap-in from host memory")
-    demo.steps.append(restore)
-    await tinylm_request(demo, client, restore, "summarize", [1, 2, 3], 6)
+    edit = await edit_policy(demo, client, "tinyllama", idleAfter="5s", minResident="2s")
+    await _wait_cold(demo, client, "tinyllama", edit)
+    back = demo.step("tinyllama: swap-in from host memory, streamed")
+    await tinyllama_completions(client, demo, back, stream=True)
 
-    again = Step("chat (pinned): again")
-    demo.steps.append(again)
-    await tinylm_request(demo, client, again, "chat", [4, 5, 6], 8)
-    final = await models(demo, client)
-    if final["chat-pinned"]["swapOuts"] != 0:
-        again.wrong.append("the pinned chat model was swapped out")
+    await _wait_cold(demo, client, "embed", "the tinyllama steps")
+    again = demo.step("embed: request-triggered swap-in")
+    await embed_v2(client, demo, again, 0)
+    await embed_openai(client, demo, again, EMBED_OPENAI, demo.expected.embed_openai)
 
-    completion = Step("OpenAI: chat completion, streamed and not")
-    demo.steps.append(completion)
-    await openai_completion(demo, client, completion, "chat", "hello modelswap", 8)
-
-    listing = Step("OpenAI: GET /v1/models")
-    demo.steps.append(listing)
+    listing = demo.step("OpenAI: GET /v1/models")
     r = await client.get(f"{demo.gateway}/v1/models")
     ids = sorted(m["id"] for m in r.json().get("data", []))
     listing.codes[r.status_code] = 1
-    if ids == ["chat", "classify", "summarize"]:
+    if ids == sorted(demo.user_names.values()):
         listing.ok += 1
     else:
         listing.wrong.append(f"/v1/models listed {ids}")
@@ -352,7 +453,11 @@ def summary(
     gw: dict[str, dict[str, float]],
     elapsed_seconds: float,
 ) -> str:
-    lines = ["", "modelswap demo — local mode: real Triton on the CPU, one sim GPU of 240Mi", ""]
+    lines = [
+        "",
+        f"modelswap demo — local mode: real Triton on the CPU, one sim GPU of {SIM_GPU}",
+        "",
+    ]
     lines.append(f"{'step':58} {'reqs':>4} {'ok':>4} {'p50 ms':>7} {'max ms':>7}  codes")
     for s in demo.steps:
         lat = s.latencies_seconds or [0.0]
@@ -367,7 +472,7 @@ def summary(
         f"{'queue waits':>11} {'mean wait':>9} {'refusals':>8}  phase",
     ]
     for name in sorted(final):
-        info, g = final[name], gw.get(USER_NAMES.get(name, name), {})
+        info, g = final[name], gw.get(demo.user_names.get(name, name), {})
         last = info.get("lastSwapInSeconds")
         waits = int(g.get("waits", 0))
         mean = g.get("wait_sum", 0.0) / waits if waits else 0.0
@@ -446,14 +551,23 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="modelswap-demo-"))
     folder, run_dir, log_path = tmp / "deployments", tmp / "run", tmp / "up.log"
     folder.mkdir()
-    for file in sorted(EXAMPLES.glob("*.yaml")):
+    # The model folders too: local mode reloads a model whose files change, and the demo
+    # must not see edits made to the checkout while it runs.
+    models = tmp / "models"
+    shutil.copytree(EXAMPLES / "models", models, ignore=shutil.ignore_patterns("__pycache__"))
+    user_names, files = {}, {}
+    for file in sorted(EXAMPLES.glob("*.yaml")):  # the real models; examples/toy is not
         shutil.copy(file, folder / file.name)
+        doc = yaml.safe_load(file.read_text())
+        files[doc["metadata"]["name"]] = file.name
+        user_names[doc["metadata"]["name"]] = (
+            doc["spec"]["model"].get("name") or doc["metadata"]["name"]
+        )
     command = [
         sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
-        "--model-root", str(EXAMPLES / "models"), "--run-dir", str(run_dir), "--port", "0",
-        # The example models read their weights through host views: sim GPUs even where a
-        # real one is present.
-        "--allocator", "sim",
+        "--model-root", str(models), "--run-dir", str(run_dir), "--port", "0",
+        # The checks compare with CPU references: sim GPUs even where a real one is present.
+        "--allocator", "sim", "--sim-gpu-bytes", SIM_GPU,
     ]  # fmt: skip
     print(f"modelswap demo: starting local mode (log: {log_path})", flush=True)
     with log_path.open("wb") as log:
@@ -474,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics=state["metricsUrl"],
             token=Path(state["tokenFile"]).read_text().strip(),
             folder=folder,
+            user_names=user_names,
+            files=files,
         )
         print(f"modelswap demo: gateway {demo.gateway}; running the scenario", flush=True)
         asyncio.run(scenario(demo))

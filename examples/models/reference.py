@@ -8,10 +8,11 @@ what a served model answers with these, before and after swaps.
     mlp_checksum(32 << 20)               # CRC-32 of a 32 MiB weights region
     tinylm_generate([1, 2, 3], 5)        # five tokens, with the KV tier of each
     embed_texts(["hello", "world"])      # all-MiniLM-L6-v2 embeddings and token counts
+    tinyllama_text("Once upon a time", 8)  # tinyllama's greedy completion
 
-The numpy models' references use the standard library and numpy only. `embed`'s runs the
-same Hugging Face model with plain transformers (torch and transformers imported when
-first called, never at import).
+The numpy models' references use the standard library and numpy only. The Hugging Face
+examples' (`embed`, `tinyllama`) run the same folders with plain transformers (torch and
+transformers imported when first called, never at import).
 """
 
 from __future__ import annotations
@@ -270,3 +271,50 @@ def embed_outputs(answer: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     embedding = outputs["embedding"]
     rows = np.array(embedding["data"], dtype=np.float32).reshape(embedding["shape"])
     return rows, np.array(outputs["prompt_tokens"]["data"], dtype=np.int64)
+
+
+# -- tinyllama (a Llama-architecture model, random weights from a fixed seed) ------------------
+
+TINYLLAMA_DIR = HERE / "tinyllama" / "1" / "hf"
+
+
+@functools.lru_cache(maxsize=2)
+def _causal_lm(folder: str, files: tuple[tuple[str, int, int], ...]) -> tuple[Any, Any]:
+    """(model, tokenizer) of a Hugging Face causal LM folder, loaded once per content."""
+    del files  # the cache key only
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    path = Path(folder)
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def tinyllama_tokens(text: str, max_tokens: int, model_dir: Path | None = None) -> list[int]:
+    """The token ids plain transformers' greedy `generate` adds to `text` (BOS first, as
+    the tokenizer does; EOS included when it ends there), on one torch thread as the served
+    model runs, so the same argmax even where two logits are close."""
+    import torch  # noqa: PLC0415 - torch only when used
+
+    folder = (model_dir or TINYLLAMA_DIR).resolve()
+    model, tokenizer = _causal_lm(str(folder), _files_identity(folder))
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return [int(t) for t in out[0, ids.shape[1] :]]
+
+
+def tinyllama_text(text: str, max_tokens: int, model_dir: Path | None = None) -> str:
+    """The text of `tinyllama_tokens` (special tokens left out): what the OpenAI routes
+    answer for a greedy request with this prompt (a chat's prompt: the gateway's
+    `chat_prompt` of its messages)."""
+    folder = (model_dir or TINYLLAMA_DIR).resolve()
+    _, tokenizer = _causal_lm(str(folder), _files_identity(folder))
+    tokens = tinyllama_tokens(text, max_tokens, model_dir)
+    return str(tokenizer.decode(tokens, skip_special_tokens=True))

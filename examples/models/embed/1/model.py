@@ -100,13 +100,13 @@ class TritonPythonModel:
                 truncation=True,
                 max_length=self.max_length,
                 return_tensors="pt",
-            )
+            ).to(self.model.device)  # a GPU region (cuda-vmm, managed) holds CUDA tensors
             hidden = self.model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             rows.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
             counts.append(batch["attention_mask"].sum(dim=1))
-        return torch.cat(rows).numpy().astype(np.float32), torch.cat(counts).numpy()
+        return torch.cat(rows).cpu().numpy().astype(np.float32), torch.cat(counts).cpu().numpy()
 
     def execute(self, requests):
         responses = []
