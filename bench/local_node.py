@@ -1,7 +1,10 @@
 """What `bench.compare` and `bench.gateway` run against: one modelswap node in local mode
 (`modelswap up`, its public entry point: agent + Triton + gateway, sim GPUs) serving
 ModelDeployments written into a temporary folder, a plain Triton beside it for the
-baselines, and checked calls into the example models (examples/models/reference.py).
+baselines, and checked calls into the example models: the numpy toys (mlp, tinylm, the
+generated big model) against examples/models/reference.py, the real Hugging Face ones
+(embed: all-MiniLM-L6-v2; tinyllama) against the same weights run with plain transformers
+in this process (reference.py's helpers).
 
 Every child runs in its own process group and is stopped as a group; temporary folders
 and Triton's /dev/shm regions are removed.
@@ -9,9 +12,12 @@ and Triton's /dev/shm regions are removed.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +35,7 @@ import yaml
 
 from bench import scratch
 from examples.models import reference
+from modelswap_api.quantities import parse_bytes
 from modelswap_sidecar.triton.naming import triton_model_name
 from modelswap_sidecar.triton.process import (
     TritonPorts,
@@ -38,9 +45,15 @@ from modelswap_sidecar.triton.process import (
     remove_shm_regions,
     triton_command,
 )
+from modelswap_sidecar.triton.stubs import descendant_stub_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "models"
+#: the numpy toy models' folders, wherever reference.py keeps them
+TOY_DIRS = {"mlp": reference.MLP_DIR, "tinylm": reference.TINYLM_DIR}
+#: the real example models: Hugging Face models in a python backend through
+#: modelswap_client.torch (examples/models/<name>, deployed by examples/<name>.yaml)
+REAL_MODELS = ("embed", "tinyllama")
 TRITONSERVER = ROOT / ".venv-triton" / "bin" / "tritonserver"
 BIG_MODEL = Path(__file__).resolve().parent / "models" / "big" / "model.py"
 MIB = 1 << 20
@@ -59,6 +72,20 @@ class ModelCase:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes
+
+    @property
+    def real(self) -> bool:
+        """A real Hugging Face example (its stub imports torch and transformers)."""
+        return self.source in REAL_MODELS
+
+
+def real_case(name: str) -> ModelCase:
+    """A real example model with the sizes its own ModelDeployment (examples/<name>.yaml)
+    gives it, so the bench runs what ships."""
+    doc = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+    model = doc["spec"]["model"]
+    kv = model.get("kvCacheBytes")
+    return ModelCase(name, name, parse_bytes(model["weightsBytes"]), parse_bytes(kv) if kv else 0)
 
 
 def wait_for(probe: Callable[[], Any], timeout_seconds: float, what: str) -> Any:
@@ -82,7 +109,7 @@ def make_big_model(root: Path, weights_bytes: int) -> Path:
     folder = root / "big"
     (folder / "1").mkdir(parents=True)
     shutil.copy(BIG_MODEL, folder / "1" / "model.py")
-    data = (EXAMPLES / "mlp" / "1" / "weights.f32").read_bytes()
+    data = (TOY_DIRS["mlp"] / "1" / "weights.f32").read_bytes()
     with (folder / "1" / "weights.f32").open("wb") as f:
         block = reference.tiled(data, 64 * MIB - (64 * MIB) % len(data))
         written = 0
@@ -91,7 +118,7 @@ def make_big_model(root: Path, weights_bytes: int) -> Path:
             n = min(len(block), weights_bytes - written)
             f.write(block[:n])
             written += n
-    config = (EXAMPLES / "mlp" / "config.pbtxt").read_text()
+    config = (TOY_DIRS["mlp"] / "config.pbtxt").read_text()
     config = "\n".join(
         line
         for line in config.splitlines()
@@ -103,7 +130,7 @@ def make_big_model(root: Path, weights_bytes: int) -> Path:
 
 def big_checksum(weights_bytes: int) -> int:
     """What the big model answers as CHECKSUM: the sampled CRC of its tiled weights."""
-    data = (EXAMPLES / "mlp" / "1" / "weights.f32").read_bytes()
+    data = (TOY_DIRS["mlp"] / "1" / "weights.f32").read_bytes()
     page, pages, samples = 4096, weights_bytes // 4096, 64
     crc = 0
     for i in range(samples):
@@ -142,18 +169,64 @@ def deployment(case: ModelCase, swap_policy: dict[str, Any] | None = None) -> di
 
 MLP_INPUT = reference.mlp_input(7)
 TINYLM_PROMPT = [1, 2, 3, 4]
+#: one embed request: two texts of different lengths (so one is padded)
+EMBED_TEXTS = ("modelswap pages idle models out of GPU memory", "hello world")
+#: embeddings may differ from plain transformers' by this much (max abs difference)
+EMBED_TOLERANCE = 1e-6
+#: one tinyllama request: greedy, this many tokens (equal to transformers' generate)
+TINYLLAMA_PROMPT = "modelswap pages idle models"
+TINYLLAMA_MAX_TOKENS = 8
+
+
+class NoAnswerError(AssertionError):
+    """The model did not answer (an error status: not loaded yet, loading, its stub gone)."""
+
+
+class WrongAnswerError(AssertionError):
+    """The model answered, and the answer is wrong."""
+
+
+@functools.cache
+def embed_expected() -> tuple[np.ndarray, np.ndarray]:
+    """What embed answers for EMBED_TEXTS: plain transformers on the packaged weights in
+    this process (computed once, before anything is timed)."""
+    return reference.embed_texts(EMBED_TEXTS)
+
+
+@functools.cache
+def tinyllama_expected() -> list[int]:
+    """The token ids tinyllama answers for TINYLLAMA_PROMPT: plain transformers' greedy
+    generate on the example's weights in this process (computed once)."""
+    return reference.tinyllama_tokens(TINYLLAMA_PROMPT, TINYLLAMA_MAX_TOKENS)
+
+
+def expect(cases: list[ModelCase]) -> None:
+    """Compute every reference answer `cases` are checked against now, so none is computed
+    (plain transformers loading a model) inside a timed call."""
+    for case in cases:
+        if case.source == "embed":
+            embed_expected()
+        elif case.source == "tinyllama":
+            tinyllama_expected()
 
 
 def check_answer(client: httpx.Client, case: ModelCase, triton_name: str) -> None:
-    """One request to `triton_name` (at `client`'s base URL); raise unless the answer is
-    what examples/models/reference.py computes for `case`."""
+    """One request to `triton_name` (at `client`'s base URL); raise NoAnswerError on an error
+    status, WrongAnswerError unless the answer is what plain transformers (real models) or
+    examples/models/reference.py (the toys) computes for `case`."""
+    if case.source == "embed":
+        _check_embed(client, case, triton_name)
+        return
+    if case.source == "tinyllama":
+        _check_tinyllama(client, case, triton_name)
+        return
     if case.source == "tinylm":
         url = f"/v2/models/{triton_name}/generate_stream"
         body = {"PROMPT": TINYLM_PROMPT, "MAX_TOKENS": 1}
         events = []
         with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
-                raise AssertionError(f"{case.name}: {r.status_code} {r.read()!r}")
+                raise NoAnswerError(f"{case.name}: {r.status_code} {r.read()!r}")
             for line in r.iter_lines():
                 if line.startswith("data:"):
                     events.append(json.loads(line[5:]))
@@ -161,11 +234,11 @@ def check_answer(client: httpx.Client, case: ModelCase, triton_name: str) -> Non
         got = events[-1] if events else {}
         checksum = reference.tinylm_checksum(case.weights_bytes)
         if got.get("TOKEN") != want.token or got.get("CHECKSUM") != checksum:
-            raise AssertionError(f"{case.name}: wrong answer {got}")
+            raise WrongAnswerError(f"{case.name}: wrong answer {got}")
         return
     r = client.post(f"/v2/models/{triton_name}/infer", json=reference.mlp_infer_body(MLP_INPUT))
     if r.status_code != 200:
-        raise AssertionError(f"{case.name}: {r.status_code} {r.text}")
+        raise NoAnswerError(f"{case.name}: {r.status_code} {r.text}")
     outputs = {o["name"]: o for o in r.json()["outputs"]}
     out = np.array(outputs["OUTPUT0"]["data"], dtype=np.float64).reshape(-1, 8)
     want_checksum = (
@@ -174,9 +247,43 @@ def check_answer(client: httpx.Client, case: ModelCase, triton_name: str) -> Non
         else reference.mlp_checksum(case.weights_bytes)
     )
     if not np.allclose(out, reference.mlp_forward(MLP_INPUT), rtol=1e-4, atol=1e-4):
-        raise AssertionError(f"{case.name}: wrong outputs")
+        raise WrongAnswerError(f"{case.name}: wrong outputs")
     if int(outputs["CHECKSUM"]["data"][0]) != want_checksum:
-        raise AssertionError(f"{case.name}: wrong checksum")
+        raise WrongAnswerError(f"{case.name}: wrong checksum")
+
+
+def _check_tinyllama(client: httpx.Client, case: ModelCase, triton_name: str) -> None:
+    url = f"/v2/models/{triton_name}/generate_stream"
+    body = {"text_input": TINYLLAMA_PROMPT, "parameters": {"max_tokens": TINYLLAMA_MAX_TOKENS}}
+    tokens: list[int] = []
+    with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            raise NoAnswerError(f"{case.name}: {r.status_code} {r.read()!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:  # the stream began, the model failed: no answer
+                raise NoAnswerError(f"{case.name}: {event['error']}")
+            ids = event["token_ids"]  # Triton writes a one-element tensor as a number
+            tokens += ids if isinstance(ids, list) else [ids]
+    if tokens != tinyllama_expected():
+        raise WrongAnswerError(f"{case.name}: tokens {tokens}, not {tinyllama_expected()}")
+
+
+def _check_embed(client: httpx.Client, case: ModelCase, triton_name: str) -> None:
+    r = client.post(f"/v2/models/{triton_name}/infer", json=reference.embed_infer_body(EMBED_TEXTS))
+    if r.status_code != 200:
+        raise NoAnswerError(f"{case.name}: {r.status_code} {r.text}")
+    rows, tokens = reference.embed_outputs(r.json())
+    want_rows, want_tokens = embed_expected()
+    if rows.shape != want_rows.shape:
+        raise WrongAnswerError(f"{case.name}: embeddings {rows.shape}, not {want_rows.shape}")
+    difference = float(np.max(np.abs(rows - want_rows)))
+    if difference > EMBED_TOLERANCE:
+        raise WrongAnswerError(f"{case.name}: embeddings differ by up to {difference:.3g}")
+    if tokens.tolist() != want_tokens.tolist():
+        raise WrongAnswerError(f"{case.name}: prompt_tokens {tokens.tolist()}")
 
 
 # -- modelswap up -----------------------------------------------------------------------------
@@ -190,9 +297,28 @@ class LocalNode:
     control: httpx.Client
     triton: httpx.Client
     gateway: httpx.Client
+    log_path: Path | None = None  # `modelswap up`'s output (agent, Triton and its stubs)
 
     def triton_name(self, name: str) -> str:
         return triton_model_name(self.uids[name])
+
+    def triton_pid(self) -> int | None:
+        """The running tritonserver's pid (the supervisor's state file), None when none."""
+        try:
+            state = json.loads((Path(self.state["runDir"]) / "supervisor.json").read_text())
+        except (OSError, ValueError):
+            return None
+        child = state.get("children", {}).get("runtime", {})
+        pid = child.get("pid")
+        return int(pid) if child.get("running") and pid else None
+
+    def stub_pids(self, name: str) -> list[int]:
+        """The python-backend stub processes serving model `name` now."""
+        triton = self.triton_pid()
+        return [] if triton is None else descendant_stub_pids(triton, self.triton_name(name))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def models(self) -> dict[str, dict[str, Any]]:
         r = self.control.get("/v1/models")
@@ -288,9 +414,10 @@ def local_node(
             _client(state["tritonUrl"]),
             _client(state["gatewayUrl"]),
         ]
-        node = LocalNode(state, token, {}, *clients)
+        control, triton, gateway = clients
+        node = LocalNode(state, token, {}, control, triton, gateway, workdir / "up.log")
 
-        def all_resident() -> bool:
+        def all_settled() -> bool:
             try:  # local.json is written before the agent listens
                 models = node.models()
             except httpx.HTTPError:
@@ -298,7 +425,7 @@ def local_node(
             return all(models.get(c.name, {}).get("state") in settled for c in cases)
 
         try:
-            wait_for(all_resident, 180, "every model resident")
+            wait_for(all_settled, 180, "every model resident")
         except TimeoutError:
             tail = (workdir / "up.log").read_text(errors="replace")[-3000:]
             raise TimeoutError(f"models not resident: {node.models()}\n{tail}") from None
@@ -345,7 +472,8 @@ def _preamble() -> str:
 
     shim = Path(__file__).resolve().parent / "standalone"
     real = Path(modelswap_client.__file__).resolve().parent
-    # the stub imports modelswap_client from its own path: put the stand-in first
+    # the stub imports modelswap_client from its own path (its embedded interpreter
+    # ignores PYTHONPATH): put the stand-in first
     return (
         "import os as _os, sys as _sys\n"
         f"_os.environ['MODELSWAP_REAL_CLIENT'] = {str(real)!r}\n"
@@ -355,16 +483,24 @@ def _preamble() -> str:
     )
 
 
-_PREAMBLE = ""
+def with_stand_in(source: str) -> str:
+    """A model.py's code with the stand-in's preamble first: after its `from __future__`
+    imports, which must open a module."""
+    after = 0
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+            after = statement.end_lineno or statement.lineno
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:after]) + _preamble() + "".join(lines[after:])
 
 
 @contextlib.contextmanager
 def plain_triton(cases: list[ModelCase], workdir: Path, model_root: Path) -> Iterator[PlainTriton]:
-    """A tritonserver (explicit model control) with `plain-<name>` copies of the models,
-    whose `modelswap_client.client.attach` is the in-process stand-in (bench/standalone):
-    each load reads the weights from the model's files, as without modelswap."""
-    global _PREAMBLE  # noqa: PLW0603 - computed once, at first use
-    _PREAMBLE = _PREAMBLE or _preamble()
+    """A tritonserver (explicit model control) with `plain-<name>` copies of the models
+    (the same files, linked), whose `modelswap_client.client.attach` is the in-process
+    stand-in (bench/standalone): each load reads the weights from the model's files (a
+    Hugging Face model: `modelswap_client.torch.from_pretrained` from its safetensors, as
+    the attachment is never restored), as without modelswap."""
     repo = workdir / "plain-repository"
     repo.mkdir()
     for case in cases:
@@ -373,7 +509,7 @@ def plain_triton(cases: list[ModelCase], workdir: Path, model_root: Path) -> Ite
         source = model_root / case.source / "1"
         for item in source.iterdir():
             if item.name == "model.py":  # the same code behind the stand-in client
-                (folder / "1" / "model.py").write_text(_PREAMBLE + item.read_text())
+                (folder / "1" / "model.py").write_text(with_stand_in(item.read_text()))
             elif item.is_file():
                 (folder / "1" / item.name).symlink_to(item.resolve())
         config = (model_root / case.source / "config.pbtxt").read_text()
@@ -416,13 +552,55 @@ def plain_triton(cases: list[ModelCase], workdir: Path, model_root: Path) -> Ite
         remove_shm_regions(prefix)
 
 
+#: the `model_dir` parameter of a real example's config.pbtxt (its Hugging Face folder)
+_MODEL_DIR_PARAMETER = re.compile(
+    r'parameters\s*\{\s*key:\s*"model_dir"\s*value:\s*\{\s*string_value:\s*"[^"]*"\s*\}\s*\}'
+)
+
+
+def hf_source(name: str) -> Path:
+    """The Hugging Face folder (config, safetensors, tokenizer) real example `name` loads."""
+    if name == "embed":
+        return reference.minilm_dir()
+    if name == "tinyllama":
+        return reference.TINYLLAMA_DIR
+    raise ValueError(f"no Hugging Face folder known for {name!r}")
+
+
+def hf_folder(root: Path, name: str) -> Path:
+    """Where `model_root` put real model `name`'s own copy of its Hugging Face folder."""
+    return root / "hf" / name
+
+
+def add_real_model(root: Path, name: str) -> Path:
+    """A copy of examples/models/<name> under `root`, its Hugging Face folder copied to
+    `hf_folder(root, name)` (outside the model's folder, which local mode watches for
+    changes) and named by the copy's `model_dir` parameter: the bench moves and touches
+    those weight files without touching the example's."""
+    folder = root / name
+    shutil.copytree(EXAMPLES / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    hf = hf_folder(root, name)
+    shutil.copytree(hf_source(name), hf, ignore=shutil.ignore_patterns("__pycache__"))
+    config = folder / "config.pbtxt"
+    text = config.read_text()
+    line = f'parameters {{ key: "model_dir" value: {{ string_value: {json.dumps(str(hf))} }} }}'
+    text, found = _MODEL_DIR_PARAMETER.subn(lambda _: line, text)
+    if found != 1:
+        raise ValueError(f"{EXAMPLES / name / 'config.pbtxt'}: no model_dir parameter to set")
+    config.write_text(text)
+    return folder
+
+
 @contextlib.contextmanager
-def model_root(big_bytes: int) -> Iterator[Path]:
-    """A temporary model root: the example models (linked) and, when `big_bytes`, the
-    generated big model; removed after."""
+def model_root(big_bytes: int, real: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A temporary model root: the toy example models (linked), the generated big model
+    when `big_bytes`, and a copy of each real example model in `real` (`add_real_model`);
+    removed after."""
     with scratch.directory("modelswap-bench-models-") as tmp:
-        for name in ("mlp", "tinylm"):
-            (tmp / name).symlink_to(EXAMPLES / name)
+        for name, folder in TOY_DIRS.items():
+            (tmp / name).symlink_to(folder)
         if big_bytes:
             make_big_model(tmp, big_bytes)
+        for name in real:
+            add_real_model(tmp, name)
         yield tmp

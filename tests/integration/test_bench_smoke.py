@@ -37,13 +37,22 @@ def _left(pattern: str) -> str:
     return found.stdout
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(720)
 def test_compare_measures_every_path_for_every_model() -> None:
-    out = _run(["bench.compare", "--reps", "1", "--big-mib", "16"], 280)
-    for model in ("mlp", "tinylm", "big"):
-        line = next(x for x in out.splitlines() if x.startswith(model))
-        assert "modelswap" in line and "unload+load" in line and "one-at-a-time" in line
+    """Every model once, the real ones (their stubs import torch) included: swap-in, Triton
+    unload+load and one-at-a-time for each; for the real ones also the restore after a
+    kill of the model's process and the fresh load after the same kill."""
+    out = _run(["bench.compare", "--reps", "1", "--real-reps", "1", "--big-mib", "16"], 700)
+    lines = out.splitlines()
+    for model in ("mlp", "tinylm", "big", "embed", "tinyllama"):
+        line = next(x for x in lines if x.startswith(f"{model} ") and "modelswap" in x)
+        assert "unload+load" in line and "one-at-a-time" in line
+    for model in ("embed", "tinyllama"):
+        line = next(x for x in lines if x.startswith(f"{model} ") and "restore" in x)
+        assert "fresh load after kill" in line and "stub imports" in line
+    assert not any(x.startswith(("mlp ", "tinylm ", "big ")) and "restore" in x for x in lines)
     assert "modelswap-bench-compare-" not in _left("modelswap-bench-compare-")
+    assert "modelswap-bench-models-" not in _left("modelswap-bench-models-")
 
 
 @pytest.mark.timeout(300)

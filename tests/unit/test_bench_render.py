@@ -159,6 +159,58 @@ def compare_doc() -> dict[str, Any]:
     }
 
 
+def compare_doc_with_a_real_model() -> dict[str, Any]:
+    """compare_doc plus a real model's rows: its swap-in paths and its restore after a kill
+    vs a fresh load."""
+    base = compare_doc()
+    params = {"model": "embed", "model_bytes": 87 * MIB, "reps": 3}
+    swap = results_schema.result(
+        "modelswap_swap_in_to_answer",
+        params,
+        [0.3],
+        swap_in_call_seconds=0.05,
+        speedup_vs_unload_load=40.0,
+        speedup_vs_one_at_a_time=0.9,
+    )
+    restore = results_schema.result(
+        "restore_after_kill_to_answer",
+        params,
+        [14.0, 15.0, 16.0],
+        speedup_vs_fresh_load=1.04,
+        stub_imports_seconds=9.5,
+    )
+    return {
+        **base,
+        "results": [
+            *base["results"],
+            swap,
+            results_schema.result("triton_unload_load_to_answer", params, [12.0]),
+            results_schema.result("one_at_a_time_to_answer", params, [0.27]),
+            results_schema.result("resident_answer", params, [0.25]),
+            restore,
+            results_schema.result("fresh_load_after_kill_to_answer", params, [15.6]),
+            results_schema.result("stub_imports", params, [9.5]),
+        ],
+    }
+
+
+def test_compare_gives_a_real_model_s_restore_after_a_kill_beside_a_fresh_load() -> None:
+    page = render.render([doc("swap"), compare_doc_with_a_real_model()])
+    section = page[page.index("## `compare` on") :]
+    lines = section.splitlines()
+    swap = next(line for line in lines if line.startswith("| embed | 87 MiB | 300.0 ms"))
+    assert "| 12.0 s | 270.0 ms | 40.0 | 0.90 |" in swap
+    restore = next(line for line in lines if line.startswith("| embed | 87 MiB | 15.00 s"))
+    assert restore == "| embed | 87 MiB | 15.00 s | 15.60 s | 1.04 | 9.50 s |"
+    # the toy model has no restore rows: it is in the first table only
+    assert sum(1 for line in lines if line.startswith("| big ")) == 1
+
+
+def test_compare_without_restore_rows_renders_no_restore_table() -> None:
+    page = render.render([doc("swap"), compare_doc()])
+    assert "fresh load to answer" not in page
+
+
 def gateway_doc() -> dict[str, Any]:
     added = results_schema.result(
         "gateway_added_latency", {}, [0.0004], p50_added_seconds=0.0004, p99_added_seconds=0.007
