@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -44,11 +47,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "tests" / "support" / "fake_cuda_site"
 
 
-def agent_settings(tmp_path: Path, **extra: Any) -> AgentSettings:
+@pytest.fixture
+def shm_store() -> Iterator[Path]:
+    """A host-store folder on tmpfs: a GPU backend refuses a disk-backed one."""
+    folder = Path(tempfile.mkdtemp(prefix="modelswap-cuda-agent-", dir="/dev/shm"))
+    try:
+        yield folder / "store"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def agent_settings(tmp_path: Path, store: Path | None = None, **extra: Any) -> AgentSettings:
     doc = {
         "nodeName": "gpu-node",
         "allocator": "auto",
-        "hostStore": {"dir": str(tmp_path / "store"), "capacityBytes": "256Mi"},
+        "hostStore": {"dir": str(store or tmp_path / "store"), "capacityBytes": "256Mi"},
         "socketDir": str(tmp_path / "sock"),
         "stateDir": str(tmp_path / "state"),
         "sourceCache": {"dir": str(tmp_path / "cache")},
@@ -70,7 +83,7 @@ def fake_child_env(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_agent_in_cuda_vmm_mode_takes_its_gpus_from_the_allocator_and_probes_links(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shm_store: Path
 ) -> None:
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     fake = install(monkeypatch, FakeCuda(major=13, gpus=2, total_bytes=64 * MIB))
@@ -80,7 +93,9 @@ def test_agent_in_cuda_vmm_mode_takes_its_gpus_from_the_allocator_and_probes_lin
     cc.initialize(b)
     uuids = [cc.device_uuid(b, cc.check(b, "x", b.driver.cuDeviceGet(i))) for i in range(2)]
     settings = agent_settings(
-        tmp_path, gpus=[{"uuid": uuids[1].upper(), "reserveBytes": "8Mi"}, {"uuid": uuids[0]}]
+        tmp_path,
+        shm_store,
+        gpus=[{"uuid": uuids[1].upper(), "reserveBytes": "8Mi"}, {"uuid": uuids[0]}],
     )
     assert settings.allocator == "auto" and settings.gpus[0].capacity_bytes is None
 

@@ -33,6 +33,7 @@ from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.loops import PolicyLoop, RuntimeWatch
 from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.errors import StartupError
 from modelswap_sidecar.agent.gpu_setup import build_allocator, measure_links
 from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.agent.ports.backend import AgentBackend
@@ -43,7 +44,7 @@ from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 from modelswap_sidecar.engine.core import Engine, EngineSettings
-from modelswap_sidecar.engine.hoststore import HostStore
+from modelswap_sidecar.engine.hoststore import MEMORY_FILESYSTEMS, HostStore, filesystem_of
 from modelswap_sidecar.engine.server import EngineServer
 from modelswap_sidecar.engine.vouching import AnyVoucher, DevModels, DevVoucher, Voucher
 from modelswap_sidecar.gpu.inventory import GpuInventory
@@ -122,9 +123,26 @@ def voucher_of(pid_source: Callable[[], int | None], dev_models: DevModels | Non
     return AnyVoucher([triton, dev])
 
 
+def check_host_store(settings: AgentSettings, backend: str, mountinfo: str | None = None) -> None:
+    """On a GPU backend the host store must be memory-backed: clients pin its files for
+    their copies (cuMemHostRegister), which a disk filesystem's pages refuse, so every
+    commit would fail. Raises `StartupError` naming `hostStore.dir`."""
+    if backend == "sim":
+        return
+    kind = filesystem_of(settings.host_store_dir, mountinfo)
+    if kind and kind not in MEMORY_FILESYSTEMS:
+        raise StartupError(
+            f"hostStore.dir {settings.host_store_dir} is on a {kind} filesystem: with the "
+            f"{backend} allocator it must be memory-backed (tmpfs, e.g. /dev/shm or an "
+            "emptyDir with medium: Memory), because CUDA cannot pin a disk file's pages "
+            "for the model processes' copies"
+        )
+
+
 def build_engine(
     settings: AgentSettings, voucher: Voucher, allocator: Allocator, inventory: GpuInventory
 ) -> Engine:
+    check_host_store(settings, inventory.backend)
     store = HostStore(
         settings.host_store_dir,
         dict.fromkeys(range(len(inventory.gpus)), settings.host_store_capacity_bytes),

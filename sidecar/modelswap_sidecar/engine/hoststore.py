@@ -191,3 +191,31 @@ class HostStore:
                 return doc
         except FileNotFoundError:
             return None
+
+
+#: filesystems whose pages the kernel lets a device pin for good (CUDA's cuMemHostRegister
+#: of a host-store file): memory-backed ones. A regular disk filesystem's page cache cannot
+#: be pinned long-term (the H200 run: CUDA_ERROR_INVALID_VALUE for a file on disk).
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
+
+
+def filesystem_of(path: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem `path` lies on, from the mount table (the mount with the
+    longest mount point above it); "" when it cannot be told."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return ""
+    target = os.path.realpath(path)
+    best, kind = "", ""
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind

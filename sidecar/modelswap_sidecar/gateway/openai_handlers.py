@@ -131,9 +131,14 @@ async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Eve
 
 
 def triton_message(raw: bytes) -> str:
-    """The message of Triton's error answer (`{"error": message}`), or its text."""
+    """The message of Triton's error answer (`{"error": message}`), or its text. A refused
+    `generate_stream` answers with that object as one event-stream line (`data: {...}`):
+    unwrapped too."""
+    text = raw.strip()
+    if text.startswith(b"data:"):
+        text = text[len(b"data:") :].strip()
     try:
-        parsed = json.loads(raw)
+        parsed = json.loads(text)
     except ValueError:
         return raw.decode("utf-8", errors="replace")
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):

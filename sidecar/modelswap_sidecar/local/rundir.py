@@ -10,7 +10,8 @@
       supervisor.json   the supervisor's state (children's pids, restarts)
       agent-state/      the agent's state (agent.json: its ports)
       sock/             the agent's client socket
-      store/            the host store
+      store/            the host store (a link to a folder in /dev/shm when the run dir
+                        is on disk: local/up.py)
       repository/       Triton's model repository
       source-cache/     fetched sources, kept between runs; the four above are not
 

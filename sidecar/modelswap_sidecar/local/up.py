@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,6 +24,7 @@ from typing import Any, TextIO
 import yaml
 
 from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.engine.hoststore import MEMORY_FILESYSTEMS, filesystem_of
 from modelswap_sidecar.gpu.devices import choose_allocator_backend
 from modelswap_sidecar.local.errors import AlreadyRunningError, LocalModeError
 from modelswap_sidecar.local.manifests import read_folder
@@ -119,7 +121,7 @@ def _announce(
     lines = [
         f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})",
         f"  gateway      {gateway_url}   (KServe v2: /v2/models/<name>/infer, "
-        "OpenAI: /v1/models, /v1/completions, /v1/chat/completions)",
+        "OpenAI: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings)",
         f"  control API  {control_url}   (token in {settings.run_dir.token_file})",
         f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}{paced}",
         f"  reload       {reload}",
@@ -130,20 +132,44 @@ def _announce(
     out.flush()
 
 
+#: where a host store goes when the run dir is on disk
+SHM = Path("/dev/shm")
+
+
 def prepare_run_dir(settings: LocalSettings) -> str:
     run = settings.run_dir
     run.root.mkdir(parents=True, exist_ok=True)
     for path in run.transient():
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path)
     run.dev_models_file.unlink(missing_ok=True)  # the last run's: nobody is vouched for yet
     run.repository.mkdir(parents=True)
+    _memory_backed_store(run.host_store)
     return run.write_token()
+
+
+def _memory_backed_store(store: Path) -> None:
+    """The host store must be memory-backed (a GPU backend's clients pin its files, which a
+    disk filesystem refuses; and it is meant to be memory): on a run dir on disk, `store`
+    is a link to a folder of its own in /dev/shm, removed with it."""
+    if filesystem_of(store.parent) in MEMORY_FILESYSTEMS or not SHM.is_dir():
+        return
+    target = tempfile.mkdtemp(prefix="modelswap-local-store-", dir=SHM)  # 0700
+    store.symlink_to(target, target_is_directory=True)
+
+
+def _remove(path: Path) -> None:
+    """Remove a run's folder, or the /dev/shm folder it links to and the link."""
+    if path.is_symlink():
+        shutil.rmtree(os.path.realpath(path), ignore_errors=True)
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def clean_run_dir(settings: LocalSettings) -> None:
     run = settings.run_dir
     for path in run.transient():
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path)
     for path in (run.token_file, run.supervisor_state, run.dev_models_file):
         path.unlink(missing_ok=True)
 
