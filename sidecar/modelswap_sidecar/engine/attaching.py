@@ -2,7 +2,9 @@
 exists), its KV host tier, and committing its weights to the host store.
 
 An attach holds the GPU's allocation lock and the model's operation lock, like a
-swap-in (it may make room the same way); a commit holds the model's operation lock."""
+swap-in (it may make room the same way); a commit holds the model's operation lock, except
+one that comes in while a swap-out drains the model (it runs beside the drain, which waits
+for it: see `commit`)."""
 
 from __future__ import annotations
 
@@ -153,47 +155,81 @@ class Attacher:
                 f"commit: fingerprint must be a string of at most {MAX_FINGERPRINT_CHARS} chars"
             )
         replace = bool(message.body.get("replace", False))
-        with m.lock:
-            if inst.committed and not replace:
-                return reply_to(message, m.epoch, {"committed": True})
-            if not inst.mapped or inst.peer is None:
-                raise WrongState(f"instance {inst.name} of {m.name} is not attached")
-            weights = [r for r in inst.regions.values() if r.kind is RegionKind.WEIGHTS]
-            stagings = []
-            try:
-                for r in weights:
-                    rel = self.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "weights")
-                    stagings.append((r, self.store.stage(m.config.gpu, rel, r.size_bytes)))
-                if stagings:
-                    body = {
-                        "regions": [
-                            {"tag": r.tag, "fd": n, "bytes": r.size_bytes}
-                            for n, (r, _) in enumerate(stagings)
-                        ]
-                    }
-                    request(
-                        self.transport,
-                        inst,
-                        Op.SAVE,
-                        m.epoch,
-                        body,
-                        fds=[st.fd for _, st in stagings],
-                        timeout_seconds=self.settings.client_timeout_seconds,
-                    )
-            except BaseException:
-                for _, st in stagings:
-                    self.store.abort(st)
-                raise
-            self.checkpoint("commit.saved")
-            committed = [(r, self.store.commit_replacing(st, r.weights_file)) for r, st in stagings]
-            self.checkpoint("commit.renamed")
-            with self.table.lock:
-                for r, stored in committed:
-                    r.weights_file = stored
-                inst.committed = True
-                inst.fingerprint = fingerprint
-                if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
-                    self.table.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
-                else:
-                    self.table.persist()  # after the data: the state file names whole copies only
+        # The committer is inside in_use() (the runtime loaded the weights there), so a
+        # swap-out that is draining the model waits for this very request: waiting for its
+        # operation lock here would hold both until the drain timed out. Such a commit runs
+        # beside the drain instead (the swap-out waits for it before it goes on, then gives
+        # way); any other commit takes the lock, and a swap-out that finds it counted here
+        # is refused before it drains (`Swapper.swap_out_locked`).
+        with self.table.lock:
+            joined = m.draining
+            m.commits += 1
+            if joined:
+                m.joined_commits += 1
+                m.commit_joined_drain = True
+        try:
+            self.checkpoint("commit.received")
+            if joined:
+                return self._commit(m, inst, message, fingerprint, replace)
+            with m.lock:
+                return self._commit(m, inst, message, fingerprint, replace)
+        finally:
+            with self.table.commits_done:
+                m.commits -= 1
+                if joined:
+                    m.joined_commits -= 1
+                self.table.commits_done.notify_all()
+
+    def _commit(
+        self,
+        m: ModelRecord,
+        inst: InstanceRecord,
+        message: Message,
+        fingerprint: str,
+        replace: bool,
+    ) -> Message:
+        """The commit itself, under the model's operation lock or beside a drain that
+        cannot end before it does."""
+        if inst.committed and not replace:
+            return reply_to(message, m.epoch, {"committed": True})
+        if not inst.mapped or inst.peer is None:
+            raise WrongState(f"instance {inst.name} of {m.name} is not attached")
+        weights = [r for r in inst.regions.values() if r.kind is RegionKind.WEIGHTS]
+        stagings = []
+        try:
+            for r in weights:
+                rel = self.store.relpath(m.config.gpu, m.name, inst.name, r.tag, "weights")
+                stagings.append((r, self.store.stage(m.config.gpu, rel, r.size_bytes)))
+            if stagings:
+                body = {
+                    "regions": [
+                        {"tag": r.tag, "fd": n, "bytes": r.size_bytes}
+                        for n, (r, _) in enumerate(stagings)
+                    ]
+                }
+                request(
+                    self.transport,
+                    inst,
+                    Op.SAVE,
+                    m.epoch,
+                    body,
+                    fds=[st.fd for _, st in stagings],
+                    timeout_seconds=self.settings.client_timeout_seconds,
+                )
+        except BaseException:
+            for _, st in stagings:
+                self.store.abort(st)
+            raise
+        self.checkpoint("commit.saved")
+        committed = [(r, self.store.commit_replacing(st, r.weights_file)) for r, st in stagings]
+        self.checkpoint("commit.renamed")
+        with self.table.lock:
+            for r, stored in committed:
+                r.weights_file = stored
+            inst.committed = True
+            inst.fingerprint = fingerprint
+            if m.state is S.LOADING and all(i.committed for i in m.live_instances()):
+                self.table.set_state(m, S.RESIDENT, "loaded; weights saved to the host store")
+            else:
+                self.table.persist()  # after the data: the state file names whole copies only
         return reply_to(message, m.epoch, {"committed": True})

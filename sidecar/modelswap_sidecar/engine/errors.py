@@ -7,6 +7,8 @@ control API report.
     ├── NotVouched        a client the runtime driver does not vouch for, or a wrong model
     ├── UnknownModel      no such model in the engine
     ├── WrongState        the operation is not valid in the model's current state
+    │   └── Committing    a swap-out of a model whose weights are being committed (its
+    │                     runtime loaded them inside `in_use()`): refused, or rolled back
     ├── ClientFailed      a client answered with an error, timed out or went away
     │                     (the operation was rolled back)
     ├── ProtocolViolation a malformed request
@@ -41,6 +43,11 @@ class UnknownModel(EngineError):  # noqa: N818
 
 class WrongState(EngineError):  # noqa: N818
     code = ErrorCode.WRONG_STATE
+
+
+class Committing(WrongState):
+    """A model committing its weights is never a victim: its committer is inside
+    `in_use()`, which a swap-out's drain waits for."""
 
 
 class ClientFailed(EngineError):  # noqa: N818

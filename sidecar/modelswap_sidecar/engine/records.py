@@ -124,6 +124,17 @@ class ModelRecord:
     last_swap_in_copy: CopyReport = field(default_factory=CopyReport)
     kv_discarded: bool = False
     reason: str = ""
+    #: commits received and not finished (table lock): a swap-out never starts draining
+    #: while one waits, since its committer is inside `in_use()` and the drain waits on it
+    commits: int = 0
+    #: commits that came in while a swap-out drained the model and run beside it, without
+    #: the operation lock the swap-out holds (table lock; `ModelTable.commits_done`)
+    joined_commits: int = 0
+    #: a swap-out is waiting for the model's in_use() work (table lock): a commit that
+    #: comes in now joins it rather than wait for the operation lock
+    draining: bool = False
+    #: a commit came in during the current swap-out's drain: that swap-out gives way
+    commit_joined_drain: bool = False
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 #: Where the engine calls `checkpoint`: after each step that leaves something for a crash
 #: to find (a fault test kills the agent there).
 CHECKPOINTS = (
+    "commit.received",  # a commit counted (a swap-out now refuses), the lock not yet taken
     "commit.saved",  # the client wrote the weights into staging files; nothing renamed
     "commit.renamed",  # weight files in place; the state file does not name them yet
     "swap_out.quiesced",  # every instance drained; nothing saved or unmapped

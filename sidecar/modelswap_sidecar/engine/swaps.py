@@ -25,6 +25,7 @@ from modelswap_api.wire import KvMode, Op, RegionKind, RemoteError, SwapOutMode
 from modelswap_sidecar.allocators.base import Chunk
 from modelswap_sidecar.engine.errors import (
     ClientFailed,
+    Committing,
     EngineError,
     ModelFailed,
     NoCapacity,
@@ -131,7 +132,7 @@ class Swapper:
                 if v.state is S.RESIDENT or awaiting_reload(v):
                     try:
                         self.swap_out_locked(v, reason=f"making room for {m.name}", cause=MAKE_ROOM)
-                    except ClientFailed as ex:
+                    except (ClientFailed, Committing) as ex:
                         log.info("victim %s could not be swapped out: %s", v.name, ex)
         available = self.ledger.view(m.config.gpu).available_bytes
         if need_bytes > available:
@@ -152,20 +153,37 @@ class Swapper:
         before = m.state
         started = time.perf_counter()
         live = [i for i in m.live_instances() if i.mapped]
-        m.epoch += 1
-        self.table.set_state(m, S.DRAINING, reason or "swap-out requested")
+        with self.table.lock:  # against `Attacher.commit`, which counts itself under it
+            if m.commits:
+                # its committer is inside in_use(), waiting for the lock this caller holds:
+                # the drain would wait for it in turn, until the drain timed out
+                raise Committing(
+                    f"model {m.name} is committing its weights (loaded for requests in "
+                    "flight): not swapped out"
+                )
+            m.epoch += 1
+            m.draining, m.commit_joined_drain = True, False
+            self.table.set_state(m, S.DRAINING, reason or "swap-out requested")
         # a model mapped afresh and not committed yet holds nothing worth keeping: dropped
         drop = m.config.on_swap_out is SwapOutMode.DROP or reloading
         # a dropped model is reloaded from its source: its KV is never worth saving
         kv_mode = KvMode.DISCARD if drop else m.config.kv_mode
         stagings: list[tuple[RegionRecord, Staging]] = []
         try:
-            live, failed = self._broadcast(
-                m, live, Op.QUIESCE, timeout_seconds=self.settings.drain_timeout_seconds
-            )
+            try:
+                live, failed = self._broadcast(
+                    m, live, Op.QUIESCE, timeout_seconds=self.settings.drain_timeout_seconds
+                )
+            finally:
+                gave_way = self._end_drain(m)
             self._drop_gone(failed)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
+            if gave_way:  # the model was loading its weights: not a victim
+                raise Committing(
+                    f"model {m.name} committed its weights during the swap-out's drain (they "
+                    "were loaded for requests in flight): swap-out rolled back"
+                )
             self.table.set_state(m, S.QUIESCED)
             self.checkpoint("swap_out.quiesced")
             kv_regions = [
@@ -205,7 +223,11 @@ class Swapper:
                 Op.RESUME,
                 bodies={i.name: {"state": "resident"} for i in m.instances.values()},
             )
-            self.table.set_state(m, before, f"swap-out rolled back: {ex}")
+            with self.table.lock:
+                back = before
+                if before is S.LOADING and all(i.committed for i in m.live_instances()):
+                    back = S.RESIDENT  # a commit that ran beside the drain loaded it
+                self.table.set_state(m, back, f"swap-out rolled back: {ex}")
             if isinstance(ex, ClientFailed | RemoteError | OSError):
                 raise ClientFailed(f"swap-out of {m.name} rolled back: {ex}") from ex
             raise
@@ -239,6 +261,15 @@ class Swapper:
                 dropped=drop,
             )
         )
+
+    def _end_drain(self, m: ModelRecord) -> bool:
+        """Wait until every commit that came in during the drain has ended (each is bounded
+        by its own client round trip), so nothing of the swap-out goes on beside one; from
+        then on a commit waits for the operation lock. Whether one came in."""
+        with self.table.commits_done:
+            self.table.commits_done.wait_for(lambda: m.joined_commits == 0)
+            m.draining = False
+            return m.commit_joined_drain
 
     def _drop_gone(self, failed: list[tuple[InstanceRecord, str]]) -> None:
         """Instances whose process died mid-operation leave it; the rest decide the outcome."""

@@ -26,6 +26,8 @@ class ModelTable:
     def __init__(self, store: HostStore) -> None:
         self.store = store
         self.lock = threading.RLock()
+        #: notified (under `lock`) whenever a record's `commits` or `joined_commits` falls
+        self.commits_done = threading.Condition(self.lock)
         self._models: dict[str, ModelRecord] = {}
         self._peers: dict[int, tuple[str, str]] = {}  # id(peer) → (model, instance)
 
