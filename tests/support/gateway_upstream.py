@@ -29,6 +29,8 @@ class FakeTriton:
         self._allowed: dict[int, asyncio.Event] = {}
         self.ready = True
         self.url = ""
+        #: fields added to a model's configuration, by Triton name (its inputs, say)
+        self.configs: dict[str, dict[str, Any]] = {}
 
     def allow(self, index: int) -> None:
         self._allowed.setdefault(index, asyncio.Event()).set()
@@ -71,7 +73,8 @@ class FakeTriton:
         name = self._model(request)
         parameters = {"modelswap.agent_socket": {"string_value": "/run/modelswap/agent.sock"},
                       "user_knob": {"string_value": "7"}}  # fmt: skip
-        return web.json_response({"name": name, "backend": "python", "parameters": parameters})
+        config = {"name": name, "backend": "python", "parameters": parameters}
+        return web.json_response({**config, **self.configs.get(name, {})})
 
     async def _stats(self, request: web.Request) -> web.Response:
         name = self._model(request)

@@ -200,7 +200,7 @@ async def test_progress_for_a_streaming_completion_and_for_a_queue_timeout() -> 
         w.directory.hold(slow.uid)
         async with w.http.post(
             w.url("/ns/team-a/v2/models/slow/infer"),
-            json={},
+            json={"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]},
             headers={"X-Modelswap-Progress": "sse"},
         ) as r:
             assert r.status == 200  # committed to the stream before the timeout

@@ -98,7 +98,9 @@ async def test_names_without_a_namespace() -> None:
             body["error"]
             == "model 'bert' not found in namespace 'team-b' (namespace from the path prefix /ns/team-b/)"
         )
-        assert not w.directory.swap_ins and all(c[0].endswith("/infer") for c in w.triton.calls)
+        assert not w.directory.swap_ins and all(
+            c[0].endswith(("/infer", "/config")) for c in w.triton.calls
+        )
 
 
 @pytest.mark.asyncio

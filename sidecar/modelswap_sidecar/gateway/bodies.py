@@ -17,7 +17,8 @@ answers, naming the limit:
 - 415 UnsupportedContentEncoding: a `Content-Encoding` other than identity, gzip and
   deflate;
 - 400 BadRequest: a gzip or deflate body that does not decode, is cut short, or has bytes
-  after its end.
+  after its end; a body the server's parser could not read (a chunk extension longer than
+  its 8,190-byte line limit, a bad chunk size), with the parser's reason.
 
 `decode_json` turns a body into JSON with the same care: UTF-8, nesting at most
 `MAX_JSON_DEPTH`, no non-finite numbers, else 400.
@@ -30,6 +31,7 @@ import zlib
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from modelswap_api.json_input import JsonInputError, loads_bounded
 from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError
@@ -143,6 +145,10 @@ async def read_body(request: web.BaseRequest, *, max_bytes: int, timeout_seconds
         raise RequestTimeoutError(
             f"the request body did not arrive within {timeout_seconds:g} s"
         ) from e
+    except RequestPayloadError as e:
+        cause = e.__cause__ or e
+        reason = str(cause).replace("\n", " ").strip()
+        raise BadRequestError(f"the request body could not be read: {reason[:200]}") from e
     if inflater is not None:
         inflater.finish()
     return bytes(out)

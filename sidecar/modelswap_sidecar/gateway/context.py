@@ -9,6 +9,7 @@ from typing import Literal
 
 from aiohttp import web
 
+from modelswap_sidecar.gateway.configs import ModelConfigs
 from modelswap_sidecar.gateway.directory import ModelDirectory, ModelRoute
 from modelswap_sidecar.gateway.embeddings import CheckedModels
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
@@ -31,6 +32,8 @@ class Gateway:
     clock: Callable[[], float]
     #: Models whose configuration was found to keep the `/v1/embeddings` contract.
     embedding_models: CheckedModels = field(default_factory=CheckedModels)
+    #: Models' Triton configurations, read for the checks made before forwarding.
+    model_configs: ModelConfigs = field(default_factory=ModelConfigs)
 
 
 class Call:

@@ -16,12 +16,12 @@ a dropped model is swapped in first. A decoupled model is refused before anythin
 from __future__ import annotations
 
 import asyncio
-import json
 
 from aiohttp import web
 
 from modelswap_sidecar.gateway import embeddings
 from modelswap_sidecar.gateway.bodies import decode_json, read_body
+from modelswap_sidecar.gateway.configs import model_config
 from modelswap_sidecar.gateway.context import Call, Handler
 from modelswap_sidecar.gateway.errors import (
     GatewayError,
@@ -29,15 +29,9 @@ from modelswap_sidecar.gateway.errors import (
     TritonRefusedError,
 )
 from modelswap_sidecar.gateway.exchange import Exchange, route_for, wants_progress
-from modelswap_sidecar.gateway.openai_handlers import triton_message
 from modelswap_sidecar.gateway.paths import Endpoint, PathTable
-from modelswap_sidecar.gateway.rewrite import rename_json
-from modelswap_sidecar.gateway.upstream import model_path
+from modelswap_sidecar.gateway.rewrite import rename_json, triton_message
 from modelswap_sidecar.gateway.v2 import INFER_HEADER_LENGTH
-
-#: Reads of the configuration at most per request: before any swap-in, after it, and once
-#: more when the model went away again in between.
-_CONFIG_READS = 3
 
 
 def add_routes(paths: PathTable[Handler]) -> None:
@@ -74,9 +68,14 @@ async def _embeddings(call: Call) -> web.StreamResponse:
             length_text = answer.header(INFER_HEADER_LENGTH)
         if answer.status != 200:
             gw.embedding_models.forget(route.triton_name)
+            gw.model_configs.forget(route.triton_name)
             message = triton_message(rename_json(raw, route.triton_name, route.name))
             raise TritonRefusedError(message, answer.status)
-        length = int(length_text) if length_text and length_text.isdigit() else None
+        length = (
+            int(length_text)
+            if length_text and length_text.isascii() and length_text.isdigit()
+            else None
+        )
         result = embeddings.embeddings_of(raw, length, len(wanted.texts))
         embeddings.check_dimensions(wanted, result.width)
         pieces = []
@@ -93,24 +92,16 @@ async def _embeddings(call: Call) -> web.StreamResponse:
 async def _check_contract(exchange: Exchange) -> None:
     """Return once the model's configuration is known to keep the contract (admitting the
     request when Triton does not hold the model); NotAnEmbeddingModelError when it does
-    not."""
+    not. The configuration comes through `configs.model_config`, which the v2 inference
+    bounds share."""
     gw, route = exchange.gw, exchange.route
     if route.triton_name in gw.embedding_models:
         return
-    path = model_path(route.triton_name, None, "/config")
-    for attempt in range(1, _CONFIG_READS + 1):
-        async with await gw.upstream.open("GET", path) as answer:
-            raw = await gw.upstream.read(answer)
-        if answer.status == 200:
-            break
-        held_anyway = attempt > 1 and gw.directory.is_resident(route.uid)
-        if attempt == _CONFIG_READS or held_anyway:
-            message = triton_message(rename_json(raw, route.triton_name, route.name))
-            raise TritonRefusedError(message, answer.status)
-        await exchange.admit()
+    config = await model_config(exchange)
     try:
-        config = json.loads(raw)
-    except ValueError:
-        config = None
-    embeddings.check_contract(config, route.name)
+        embeddings.check_contract(config, route.name)
+    except NotAnEmbeddingModelError:
+        # read again next time: the model may be reloaded with the contract meanwhile
+        gw.model_configs.forget(route.triton_name)
+        raise
     gw.embedding_models.add(route.triton_name)

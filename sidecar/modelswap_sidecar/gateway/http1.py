@@ -359,7 +359,11 @@ class _Connection(asyncio.Protocol):
         lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or not code.isdigit() or len(code) != 3:
+        if (
+            not version.startswith("HTTP/1.")
+            or not (code.isascii() and code.isdigit())
+            or len(code) != 3
+        ):
             raise ConnectionError(f"Triton's answer is not HTTP/1.x: {lines[0][:60]!r}")
         status = int(code)
         if 100 <= status < 200:
@@ -381,7 +385,7 @@ class _Connection(asyncio.Protocol):
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._state = _CHUNK_SIZE
         elif length is not None:
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):
                 raise ConnectionError(f"Triton sent a bad Content-Length {length[:20]!r}")
             self._state, self._remaining = _LENGTH, int(length)
         else:

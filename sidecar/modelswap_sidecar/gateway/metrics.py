@@ -9,6 +9,9 @@
         time in a swap-in queue; outcome released | timeout | failed | cancelled
     modelswap_gateway_swap_ins_triggered_total{uid,namespace,model}     counter
         swap-ins the gateway asked for (one per cold period)
+    modelswap_gateway_upstream_lost_total{uid,namespace,model}          counter
+        requests Triton's connection broke under after they were sent (Triton died or
+        restarted while it held them: a request's inputs may have crashed it)
     modelswap_gateway_queue_depth_requests{uid,namespace,model}         gauge, read at scrape
     modelswap_gateway_in_flight_requests                                gauge, read at scrape
 
@@ -65,6 +68,13 @@ class GatewayMetrics:
             MODEL_LABELS,
             registry=registry,
         )
+        self.upstream_lost_requests = Counter(
+            "modelswap_gateway_upstream_lost",
+            "Requests whose connection to Triton broke after they were sent (Triton died or "
+            "restarted while it held them).",
+            MODEL_LABELS,
+            registry=registry,
+        )
         #: requests being handled now: a plain count the server keeps, read at scrape time
         #: (a Gauge took a lock twice per request)
         self.in_flight_requests = 0
@@ -83,6 +93,9 @@ class GatewayMetrics:
         if child is None:
             child = self._answered[key] = self.requests.labels(*labels, str(code))
         child.inc()
+
+    def upstream_lost(self, route: ModelRoute) -> None:
+        self.upstream_lost_requests.labels(*_labels(route)).inc()
 
     # QueueObserver
     def swap_in_triggered(self, route: ModelRoute) -> None:

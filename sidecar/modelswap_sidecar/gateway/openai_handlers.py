@@ -29,7 +29,7 @@ from modelswap_sidecar.gateway.errors import (
 )
 from modelswap_sidecar.gateway.exchange import Exchange, route_for, wants_progress
 from modelswap_sidecar.gateway.paths import Endpoint, PathTable
-from modelswap_sidecar.gateway.rewrite import rename_json
+from modelswap_sidecar.gateway.rewrite import public_message, rename_json, triton_message
 from modelswap_sidecar.gateway.routing import display_ids, scope_of
 
 DONE = b"data: [DONE]\n\n"
@@ -115,7 +115,7 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
         body_bytes = json.dumps(completion.response()).encode()
         return await exchange.answer(200, body_bytes, "application/json")
     except ModelStreamError as e:
-        error = TritonRefusedError(f"the model failed: {e}", 500)
+        error = TritonRefusedError(f"the model failed: {public_message(str(e))}", 500)
         return await exchange.fail(error)
     except GatewayError as e:
         return await exchange.fail(e)
@@ -128,19 +128,3 @@ async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Eve
     chunk = completion.add(text, finish_reason)
     if completion.request.stream:
         await exchange.write(sse.data_event(json.dumps(chunk)))
-
-
-def triton_message(raw: bytes) -> str:
-    """The message of Triton's error answer (`{"error": message}`), or its text. A refused
-    `generate_stream` answers with that object as one event-stream line (`data: {...}`):
-    unwrapped too."""
-    text = raw.strip()
-    if text.startswith(b"data:"):
-        text = text[len(b"data:") :].strip()
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return raw.decode("utf-8", errors="replace")
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
-        return str(parsed["error"])
-    return raw.decode("utf-8", errors="replace")

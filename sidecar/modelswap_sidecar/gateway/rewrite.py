@@ -11,14 +11,50 @@ that JSON never escapes. When a body begins so and the name occurs nowhere else 
 other field or error message to rename), the rename is those bytes swapped; everything
 after them passes byte for byte. Parsing and encoding the answer instead cost more of the
 gateway's CPU than anything else it does per request, and re-encoded Triton's floats.
+
+Error messages are also made fit for a client (`public_message`): the python backend
+puts the stub's traceback in a failed model's message (`At:` then one
+`/path/to/model.py(21): execute` line per frame), and messages name files by their
+absolute paths (the node's model repository, its run folder). Tracebacks are cut and
+each absolute path is shortened to its last component (`model.py`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 NAME_FIELDS = ("name", "model_name")
+#: The python backend's stub traceback: `At:` on its own line, then indented frames.
+_STUB_TRACEBACK = re.compile(r"\s*\bAt:\n(?:[ \t]+[^\n]*(?:\n|$))*")
+#: Python's own traceback: its title and its indented lines (the last line, the error, stays).
+_PYTHON_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(?:[ \t]+[^\n]*\n?)*")
+#: An absolute path of two or more components, not inside a URL; group 1 is its last.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"():,;\[\]]+/)+([^\s/'\"():,;\[\]]*)")
+
+
+def public_message(message: str) -> str:
+    """An error message without tracebacks or absolute paths (see the module)."""
+    text = _STUB_TRACEBACK.sub("", message)
+    text = _PYTHON_TRACEBACK.sub("", text)
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text).strip()
+
+
+def triton_message(raw: bytes) -> str:
+    """The message of Triton's error answer (`{"error": message}`), or its text, fit for a
+    client (`public_message`). A refused `generate_stream` answers with that object as one
+    event-stream line (`data: {...}`): unwrapped too."""
+    text = raw.strip()
+    if text.startswith(b"data:"):
+        text = text[len(b"data:") :].strip()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return public_message(raw.decode("utf-8", errors="replace"))
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+        return public_message(str(parsed["error"]))
+    return public_message(raw.decode("utf-8", errors="replace"))
 
 
 def _rename(value: Any, triton_name: str, user_name: str) -> Any:
@@ -30,7 +66,7 @@ def _rename(value: Any, triton_name: str, user_name: str) -> Any:
             renamed[key] = user_name
     error = renamed.get("error")
     if isinstance(error, str):
-        renamed["error"] = error.replace(triton_name, user_name)
+        renamed["error"] = public_message(error.replace(triton_name, user_name))
     return renamed
 
 

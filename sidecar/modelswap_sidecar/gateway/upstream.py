@@ -120,6 +120,12 @@ def forwarded_headers(headers: Mapping[str, str]) -> str:
         if value is not None:
             if "\r" in value or "\n" in value:  # the server's parser refuses them already
                 raise BadRequestError(f"the {name} header holds a line break")
+            try:
+                value.encode("latin-1")  # HTTP/1.1 header values are bytes, Latin-1 at most
+            except UnicodeEncodeError as e:
+                raise BadRequestError(
+                    f"the {name} header holds a character outside Latin-1 at {e.start}"
+                ) from e
             lines += f"{name}: {value}\r\n"
     return lines
 

@@ -19,6 +19,16 @@ Triton still holds it (`onSwapOut: host`) and are otherwise a 503 until the next
 The configuration is shown without the `modelswap.` parameters the agent adds (how a model
 reaches the agent is none of a caller's business, DESIGN.md §1). Triton's repository API
 (load/unload) is not exposed.
+
+Bodies are checked before anything is forwarded or swapped in (400, naming what is
+wrong): an inference request's inputs against the bytes the body carries for them
+(`tensors.parse_infer`: Triton sizes its buffers from `shape` before reading the data, and
+one request's shape took it down), and a generate request is a JSON object. Then, once
+the model's configuration is known (`configs.model_config`: read while Triton holds the
+model, else after its swap-in), the inputs against its `dims` and `max_batch_size`
+(`tensors.check_config`). When Triton's connection breaks while it holds a request, the
+request is logged by model and counted (`modelswap_gateway_upstream_lost_total`): if Triton
+crashed, the log names the request that may have caused it.
 """
 
 from __future__ import annotations
@@ -29,8 +39,9 @@ import logging
 from aiohttp import web
 
 from modelswap_api.json_input import nesting_exceeds
-from modelswap_sidecar.gateway import sse
+from modelswap_sidecar.gateway import sse, tensors
 from modelswap_sidecar.gateway.bodies import MAX_JSON_DEPTH, read_body
+from modelswap_sidecar.gateway.configs import model_config
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
@@ -39,6 +50,8 @@ from modelswap_sidecar.gateway.errors import (
     ModelNotKnownYetError,
     ModelSwappedOutError,
     TritonNotReadyError,
+    TritonRefusedError,
+    UpstreamError,
 )
 from modelswap_sidecar.gateway.exchange import STATE_HEADER, Exchange, route_for, wants_progress
 from modelswap_sidecar.gateway.paths import Endpoint, PathTable
@@ -174,8 +187,8 @@ async def _read_body(gw: Gateway, request: web.BaseRequest) -> bytes:
         max_bytes=settings.max_body_bytes,
         timeout_seconds=settings.body_timeout_seconds,
     )
-    declared = request.headers.get(INFER_HEADER_LENGTH, "")
-    json_part = body[: int(declared)] if declared.isdigit() else body
+    declared = tensors.header_length(request.headers.get(INFER_HEADER_LENGTH), len(body))
+    json_part = body if declared is None else body[:declared]
     if nesting_exceeds(json_part, MAX_JSON_DEPTH):
         raise BadRequestError(f"the request's JSON is nested deeper than {MAX_JSON_DEPTH} levels")
     return body
@@ -193,26 +206,86 @@ def _refuse_decoupled(route: ModelRoute, what: str) -> None:
 async def _infer(call: Call) -> web.StreamResponse:
     route = route_for(call)
     _refuse_decoupled(route, "infer")
-    return await _whole(call, route, "/infer")
+    body = await _read_body(call.gw, call.request)
+    inputs = tensors.parse_infer(body, call.request.headers.get(INFER_HEADER_LENGTH))
+    return await _whole(call, route, "/infer", body, inputs)
 
 
 async def _generate(call: Call) -> web.StreamResponse:
     route = route_for(call)
     _refuse_decoupled(route, "generate")
-    return await _whole(call, route, "/generate")
+    body = await _read_body(call.gw, call.request)
+    tensors.json_object(body, "the request's JSON")
+    return await _whole(call, route, "/generate", body, None)
 
 
-async def _whole(call: Call, route: ModelRoute, tail: str) -> web.StreamResponse:
-    """A request with one answer: forwarded as is, its answer renamed."""
+async def _check_inputs(exchange: Exchange, inputs: tensors.InferRequest) -> None:
+    """The inputs against the model's configuration: before any swap-in when the
+    configuration is known, else after it. Only the body's bounds hold when Triton gives
+    no configuration the gateway can read."""
+    gw, route = exchange.gw, exchange.route
+    if gw.model_configs.get(route.triton_name) is None and not gw.directory.is_resident(route.uid):
+        # the request is forwarded unless its configuration refuses it: swapped in (and its
+        # wait counted) as any other, before its configuration is read
+        await exchange.admit()
+    try:
+        config = await model_config(exchange)
+    except TritonRefusedError as e:
+        logger.info("no configuration of %s/%s to check against: %s", route.namespace,
+                    route.name, e.message)  # fmt: skip
+        return
+    shape = tensors.model_shape(config)
+    if shape is not None:
+        tensors.check_config(inputs, shape, route.name)
+
+
+def _lost(exchange: Exchange, tail: str, error: UpstreamError) -> None:
+    """Triton's connection broke while it held this request: said by model, and counted,
+    since a request's inputs can crash Triton and each crash counts towards the node's
+    crash-loop give-up."""
+    if isinstance(error.__cause__, ConnectionRefusedError):
+        return  # Triton was not there to take it: nothing it held
+    route = exchange.route
+    exchange.gw.metrics.upstream_lost(route)
+    logger.warning(
+        "Triton's connection broke while it held a %s request for %s/%s (%s); if Triton "
+        "crashed, this request may be why",
+        tail.lstrip("/"),
+        route.namespace,
+        route.name,
+        error.message,
+    )
+
+
+def _answer_length(text: str | None) -> int | None:
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
+async def _whole(
+    call: Call, route: ModelRoute, tail: str, body: bytes, inputs: tensors.InferRequest | None
+) -> web.StreamResponse:
+    """A request with one answer: its inputs checked against the model's configuration,
+    forwarded as is, its answer renamed."""
     gw, request = call.gw, call.request
-    body = await _read_body(gw, request)
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=False))
     try:
         headers = forwarded_headers(request.headers)
-        async with await exchange.forward("POST", tail, body=body, headers=headers) as answer:
-            raw = await gw.upstream.read(answer)
-            length_text = answer.header(INFER_HEADER_LENGTH)
-            length = int(length_text) if length_text and length_text.isdigit() else None
+        if inputs is not None:
+            await _check_inputs(exchange, inputs)
+        try:
+            answer = await exchange.forward("POST", tail, body=body, headers=headers)
+        except UpstreamError as e:
+            _lost(exchange, tail, e)
+            raise
+        async with answer:
+            try:
+                raw = await gw.upstream.read(answer)
+            except UpstreamError as e:
+                _lost(exchange, tail, e)
+                raise
+            if answer.status >= 400:
+                gw.model_configs.forget(route.triton_name)  # it may have changed
+            length = _answer_length(answer.header(INFER_HEADER_LENGTH))
             renamed, new_length = rename_infer_response(raw, length, route.triton_name, route.name)
             out_headers = None if new_length is None else {INFER_HEADER_LENGTH: str(new_length)}
             content_type = answer.header("Content-Type") or "application/json"
@@ -229,6 +302,7 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
     gw, request = call.gw, call.request
     route = route_for(call)
     body = await _read_body(gw, request)
+    tensors.json_object(body, "the request's JSON")
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
     try:
         headers = forwarded_headers(request.headers)

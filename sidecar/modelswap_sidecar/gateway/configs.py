@@ -1,0 +1,93 @@
+"""Models' Triton configurations as the gateway reads them (`GET /v2/models/<m>/config`),
+for the checks made before a request is forwarded: the `/v1/embeddings` contract and the
+bounds of a v2 inference request's inputs (`tensors.check_config`).
+
+A configuration is read before any swap-in while Triton still holds the model
+(`onSwapOut: host`); a model Triton does not hold (dropped) is swapped in first, since
+only Triton has its configuration. It is kept by Triton name for `MAX_AGE_SECONDS` (a
+model reloaded with another configuration is read again soon; a request Triton refuses
+forgets it at once), at most `limit` names, the oldest forgotten first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from modelswap_sidecar.gateway.errors import TritonRefusedError
+from modelswap_sidecar.gateway.rewrite import rename_json, triton_message
+from modelswap_sidecar.gateway.upstream import model_path
+
+if TYPE_CHECKING:
+    from modelswap_sidecar.gateway.exchange import Exchange
+
+#: Reads of the configuration at most per request: before any swap-in, after it, and once
+#: more when the model went away again in between.
+_CONFIG_READS = 3
+#: How long a configuration read is trusted.
+MAX_AGE_SECONDS = 30.0
+
+
+class ModelConfigs:
+    """Configurations by Triton name, each trusted for `max_age_seconds`; bounded."""
+
+    def __init__(
+        self,
+        limit: int = 4096,
+        max_age_seconds: float = MAX_AGE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limit = limit
+        self._max_age_seconds = max_age_seconds
+        self._clock = clock
+        self._configs: dict[str, tuple[float, Any]] = {}
+
+    def get(self, triton_name: str) -> Any:
+        """The configuration read for `triton_name`, or None when none is trusted now."""
+        found = self._configs.get(triton_name)
+        if found is None:
+            return None
+        read_at, config = found
+        if self._clock() - read_at > self._max_age_seconds:
+            del self._configs[triton_name]
+            return None
+        return config
+
+    def put(self, triton_name: str, config: Any) -> None:
+        self._configs.pop(triton_name, None)
+        self._configs[triton_name] = (self._clock(), config)
+        while len(self._configs) > self._limit:
+            del self._configs[next(iter(self._configs))]
+
+    def forget(self, triton_name: str) -> None:
+        self._configs.pop(triton_name, None)
+
+
+async def model_config(exchange: Exchange) -> Any:
+    """The model's configuration (parsed JSON; None when Triton's answer is not JSON):
+    remembered, else read from Triton, admitting the request (a swap-in) when Triton does
+    not hold the model. TritonRefusedError when Triton will not give it."""
+    gw, route = exchange.gw, exchange.route
+    configs = gw.model_configs
+    known = configs.get(route.triton_name)
+    if known is not None:
+        return known
+    path = model_path(route.triton_name, None, "/config")
+    for attempt in range(1, _CONFIG_READS + 1):
+        async with await gw.upstream.open("GET", path) as answer:
+            raw = await gw.upstream.read(answer)
+        if answer.status == 200:
+            break
+        held_anyway = attempt > 1 and gw.directory.is_resident(route.uid)
+        if attempt == _CONFIG_READS or held_anyway:
+            message = triton_message(rename_json(raw, route.triton_name, route.name))
+            raise TritonRefusedError(message, answer.status)
+        await exchange.admit()
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        return None
+    configs.put(route.triton_name, config)
+    return config

@@ -1,0 +1,312 @@
+"""What a KServe v2 inference request may make Triton allocate, bounded before it is
+forwarded (pure).
+
+Triton's HTTP frontend sizes an input's buffer from its `shape` before it reads the data:
+`{"shape": [1000000, 1000000], "datatype": "FP32", "data": [1]}` (a 67-byte input) had it
+allocate 4 TB and abort (`std::bad_alloc`), every model going down with it. So the gateway
+parses the request's JSON header and refuses with 400, naming the input:
+
+- a body that is not a JSON object (not UTF-8, UTF-16, malformed), `inputs` that is not a
+  list of objects, an input without a string `name`, a `shape` that is not a list of
+  non-negative integers, a `datatype` that is not one of v2's;
+- an input whose data is not all there: JSON `data` whose values (nested lists
+  flattened) are not exactly shape's product; binary data (`binary_data_size`) that is
+  not shape's product times the element size (BYTES: less than 4 bytes, the length
+  prefix, per element); binary sizes that do not add up to what follows the header;
+  an input with neither;
+- `shared_memory_region` on an input or an output: Triton's shared-memory registration
+  is not exposed through the gateway, so a region a request names is one the node
+  registered for itself, which no client may read or write;
+- `Inference-Header-Content-Length` that is not a decimal number (ASCII digits) no larger
+  than the body.
+
+Every input's bytes are therefore in the body the client sent (at most
+`max_body_bytes`): JSON data costs Triton at most 8 bytes per value, and a value takes at
+least two bytes of the body. `check_config` adds the model's own bounds from its Triton
+configuration (`ModelShape`): the input is one the model declares, of its datatype, of
+its rank, each dimension equal to a fixed `dims` entry, and the batch dimension (when
+`max_batch_size` > 0) at most `max_batch_size`.
+
+    request = parse_infer(body, header_length_text)     # BadRequestError
+    check_config(request, model_shape(config), "plain")  # BadRequestError
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from modelswap_sidecar.gateway.errors import BadRequestError
+
+#: Bytes per element of each v2 datatype; BYTES has none (a 4-byte length, then the bytes).
+ELEMENT_BYTES: Mapping[str, int] = {
+    "BOOL": 1,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "FP16": 2,
+    "FP32": 4,
+    "FP64": 8,
+    "BF16": 2,
+}
+BYTES = "BYTES"
+#: A BYTES element in binary data: at least its 4-byte length.
+_BYTES_ELEMENT_MIN_BYTES = 4
+SHARED_MEMORY_PARAMETER = "shared_memory_region"
+#: Names and datatypes shown in messages are cut to this many characters.
+_SHOWN = 64
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    #: bytes of binary data after the header, or None for JSON `data`
+    binary_bytes: int | None
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    inputs: tuple[TensorInput, ...]
+
+
+@dataclass(frozen=True)
+class DeclaredInput:
+    name: str
+    datatype: str  # v2's name: FP32, BYTES
+    dims: tuple[int, ...]  # -1: any size
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The bounds a model's Triton configuration puts on its inputs."""
+
+    max_batch_size: int
+    inputs: Mapping[str, DeclaredInput]
+
+
+def _shown(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return repr(text[:_SHOWN] + ("…" if len(text) > _SHOWN else ""))
+
+
+def header_length(text: str | None, body_bytes: int) -> int | None:
+    """`Inference-Header-Content-Length` as a number, None when the header is absent;
+    BadRequestError when it is not ASCII digits or exceeds the body (`²` is a digit to
+    Python's `isdigit`, and no number to `int`)."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()):
+        raise BadRequestError(
+            f"Inference-Header-Content-Length {_shown(text)} is not a decimal number of bytes"
+        )
+    length = int(value)
+    if length > body_bytes:
+        raise BadRequestError(
+            f"Inference-Header-Content-Length {length} exceeds the body ({body_bytes} bytes)"
+        )
+    return length
+
+
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """`raw` as a JSON object; BadRequestError saying why it is not one (not UTF-8, say
+    UTF-16; not JSON; another JSON value). NaN and Infinity pass, as Triton takes them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequestError(
+            f"{what} is not UTF-8 (byte {e.start} is not valid UTF-8; UTF-16 is not taken)"
+        ) from e
+    try:
+        value = json.loads(text)
+    except RecursionError as e:
+        raise BadRequestError(f"{what} is nested too deep") from e
+    except ValueError as e:
+        raise BadRequestError(f"{what} is not JSON: {str(e)[:200]}") from e
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def parse_infer(body: bytes, length_text: str | None) -> InferRequest:
+    """The inputs of a `POST .../infer` body (JSON header, then any binary tensor data),
+    each checked against the bytes the body carries for it."""
+    length = header_length(length_text, len(body))
+    header = json_object(body if length is None else body[:length], "the request's JSON")
+    binary_bytes = 0 if length is None else len(body) - length
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise BadRequestError("inputs: must be a list of input tensors")
+    inputs = tuple(_input(raw, index) for index, raw in enumerate(raw_inputs))
+    seen: set[str] = set()
+    for tensor in inputs:
+        if tensor.name in seen:
+            raise BadRequestError(f"input {_shown(tensor.name)} is given more than once")
+        seen.add(tensor.name)
+    declared_binary = sum(t.binary_bytes or 0 for t in inputs)
+    if declared_binary != binary_bytes:
+        raise BadRequestError(
+            f"the inputs' binary_data_size add up to {declared_binary} bytes, but "
+            f"{binary_bytes} bytes follow the JSON header"
+        )
+    _refuse_shared_memory_outputs(header.get("outputs"))
+    return InferRequest(inputs)
+
+
+def _input(raw: object, index: int) -> TensorInput:
+    if not isinstance(raw, dict):
+        raise BadRequestError(f"inputs[{index}]: must be an object")
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise BadRequestError(f"inputs[{index}]: name must be a string")
+    where = f"input {_shown(name)}"
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str) or (datatype != BYTES and datatype not in ELEMENT_BYTES):
+        raise BadRequestError(f"{where}: datatype {_shown(datatype)} is not a v2 datatype")
+    shape = _shape(raw.get("shape"), where)
+    parameters = raw.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise BadRequestError(f"{where}: parameters must be an object")
+    if SHARED_MEMORY_PARAMETER in parameters:
+        raise _shared_memory_error(where)
+    elements = math.prod(shape)
+    shown_shape = list(shape)
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise BadRequestError(f"{where}: binary_data_size must be a non-negative integer")
+        if datatype == BYTES:
+            if elements * _BYTES_ELEMENT_MIN_BYTES > size:
+                raise BadRequestError(
+                    f"{where}: shape {shown_shape} holds {elements} strings, but its "
+                    f"{size} bytes of binary data cannot (each takes at least 4 bytes)"
+                )
+        elif (needed := elements * ELEMENT_BYTES[datatype]) != size:
+            raise BadRequestError(
+                f"{where}: shape {shown_shape} of {datatype} is {needed} bytes, but "
+                f"binary_data_size is {size}"
+            )
+        return TensorInput(name, datatype, shape, size)
+    if "data" not in raw:
+        raise BadRequestError(f"{where}: carries neither data nor binary_data_size")
+    values = _count_values(raw["data"])
+    if values != elements:
+        raise BadRequestError(
+            f"{where}: shape {shown_shape} holds {elements} elements, but data has {values}"
+        )
+    return TensorInput(name, datatype, shape, None)
+
+
+def _shape(raw: object, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    ):
+        raise BadRequestError(f"{where}: shape must be a list of non-negative integers")
+    return tuple(raw)
+
+
+def _count_values(data: object) -> int:
+    """Values in `data`, nested lists flattened (v2 takes both forms)."""
+    if not isinstance(data, list):
+        return 1
+    count = 0
+    stack: list[list[Any]] = [data]
+    while stack:
+        items = stack.pop()
+        nested = [item for item in items if isinstance(item, list)]
+        count += len(items) - len(nested)
+        stack.extend(nested)
+    return count
+
+
+def _shared_memory_error(where: str) -> BadRequestError:
+    return BadRequestError(
+        f"{where}: shared memory (shared_memory_region) is not served through the gateway; "
+        "send the data in the body"
+    )
+
+
+def _refuse_shared_memory_outputs(outputs: object) -> None:
+    if outputs is None:
+        return
+    if not isinstance(outputs, list):
+        raise BadRequestError("outputs: must be a list of requested outputs")
+    for index, output in enumerate(outputs):
+        if not isinstance(output, dict):
+            raise BadRequestError(f"outputs[{index}]: must be an object")
+        parameters = output.get("parameters", {})
+        if isinstance(parameters, dict) and SHARED_MEMORY_PARAMETER in parameters:
+            raise _shared_memory_error(f"output {_shown(output.get('name'))}")
+
+
+def model_shape(config: object) -> ModelShape | None:
+    """The input bounds of a model's Triton configuration (`GET .../config`), or None when
+    it is not one the gateway can read (then only the body's bounds apply)."""
+    if not isinstance(config, Mapping) or not isinstance(config.get("input"), list):
+        return None
+    try:
+        max_batch_size = int(config.get("max_batch_size", 0))
+        inputs: dict[str, DeclaredInput] = {}
+        for tensor in config.get("input", []):
+            name = str(tensor["name"])
+            data_type = str(tensor.get("data_type", ""))
+            datatype = "BYTES" if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
+            # protobuf's JSON may write int64 as strings
+            dims = tuple(int(d) for d in tensor.get("dims", []))
+            inputs[name] = DeclaredInput(name, datatype, dims)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+    return ModelShape(max_batch_size, inputs)
+
+
+def check_config(request: InferRequest, shape: ModelShape, model: str) -> None:
+    """BadRequestError naming the first input that the model's configuration does not
+    allow: unknown, of another datatype or rank, a dimension other than a fixed one, or a
+    batch larger than `max_batch_size`."""
+    for tensor in request.inputs:
+        where = f"input {_shown(tensor.name)}"
+        declared = shape.inputs.get(tensor.name)
+        if declared is None:
+            known = ", ".join(sorted(shape.inputs)) or "none"
+            raise BadRequestError(f"{where}: {model} has no such input (it has {known})")
+        if tensor.datatype != declared.datatype:
+            raise BadRequestError(
+                f"{where}: {model} takes {declared.datatype}, not {tensor.datatype}"
+            )
+        _check_dims(tensor, declared, shape.max_batch_size, model, where)
+
+
+def _check_dims(
+    tensor: TensorInput, declared: DeclaredInput, max_batch_size: int, model: str, where: str
+) -> None:
+    allowed: Sequence[int] = declared.dims
+    given: Sequence[int] = tensor.shape
+    wanted = list(declared.dims)
+    if max_batch_size > 0:
+        wanted = [-1, *wanted]
+        if not given or given[0] > max_batch_size:
+            raise BadRequestError(
+                f"{where}: shape {list(given)} has a batch of {given[0] if given else 'none'}; "
+                f"{model} takes at most {max_batch_size} (shape [batch, *{list(allowed)}])"
+            )
+        given = given[1:]
+    if len(given) != len(allowed) or any(
+        d not in (-1, g) for g, d in zip(given, allowed, strict=True)
+    ):
+        raise BadRequestError(
+            f"{where}: shape {list(tensor.shape)} does not fit {model}'s dims {wanted}"
+        )
