@@ -3,7 +3,9 @@
 Prints one line per problem, `FILE: Kind namespace/name: field.path: message`, and exits
 non-zero when any document is invalid, so it fits CI pipelines and pre-commit hooks. Files
 are read within the limits of `modelswap_api.yaml_input` (1 MiB, UTF-8, aliases, depth,
-no duplicate keys); a file refused by one is one line naming the file and the limit.
+no duplicate keys); a file refused by one is one line naming the file and the limit. A
+document holding a value JSON cannot hold (an unquoted date, `!!binary`, `!!set`, ...) is
+one problem naming its field; the file's other documents are checked.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from modelswap_api.resources import validate_resource
-from modelswap_api.yaml_input import YamlInputError, load_file
+from modelswap_api.yaml_input import RefusedDocument, YamlInputError, read_file
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -61,7 +63,7 @@ def _yaml_files(paths: list[Path]) -> Iterator[Path]:
 
 def _check_file(file: Path) -> Iterator[tuple[str, list[str]]]:
     try:
-        documents = load_file(file)
+        documents = read_file(file)
     except YamlInputError as e:
         yield "file", [str(e)]
         return
@@ -69,6 +71,14 @@ def _check_file(file: Path) -> Iterator[tuple[str, list[str]]]:
         yield "file", [f"cannot read: {e.strerror or e}"]
         return
     for index, document in enumerate(documents):
+        if isinstance(document, RefusedDocument):
+            label = (
+                _label(document.document, index)
+                if isinstance(document.document, dict)
+                else f"document {index + 1}"
+            )
+            yield label, [document.message]
+            continue
         if not isinstance(document, dict):
             yield f"document {index + 1}", ["not a Kubernetes object (expected a mapping)"]
             continue
@@ -79,7 +89,12 @@ def _check_file(file: Path) -> Iterator[tuple[str, list[str]]]:
 def _label(document: dict[str, Any], index: int) -> str:
     metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
-    name = metadata.get("name") or f"(document {index + 1})"
-    namespace = metadata.get("namespace")
-    kind = document.get("kind", "object")
+    # a refused document's fields may be of any type: only strings name it
+    name = _text(metadata.get("name")) or f"(document {index + 1})"
+    namespace = _text(metadata.get("namespace"))
+    kind = _text(document.get("kind")) or "object"
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

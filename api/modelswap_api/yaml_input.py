@@ -18,7 +18,15 @@ refuses, naming the limit:
 - nesting deeper than `MAX_YAML_DEPTH` (64; the deepest ModelDeployment field is 6 levels);
 - a key given twice in one mapping (kubectl refuses it too; PyYAML would keep the last one
   silently), naming the key and its line. Merge keys (`<<: *base`) overriding a merged
-  key are not duplicates.
+  key are not duplicates;
+- an integer longer than Python reads (`sys.get_int_max_str_digits()`, 4,300 digits),
+  naming its line;
+- a document holding a value JSON cannot hold, naming its field (`json_problem`): a date
+  or timestamp (`name: 2024-01-01`: quote it), `!!binary` bytes, a `!!set`, an `!!omap` or
+  `!!pairs`, `.nan` or `.inf`, or a mapping key that is not a string (`1:`, `yes:`,
+  `2024-01-01:`). The API server holds JSON, so such a document could never be applied.
+  `read_text`/`read_file` refuse just that document (a `RefusedDocument`) and return the
+  file's others; `load_text`/`load_file` refuse the file, naming the document.
 
 The sizes of the fields themselves (`maxProperties`, `maxItems`, `maxLength`) are checked
 by the validator's pre-check (`validation.bounds_errors`) before jsonschema and CEL run,
@@ -27,12 +35,18 @@ and `metadata.annotations` by `resources` (256 KiB in all, as the API server).
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from modelswap_api.field_errors import join_path
 
 #: Largest YAML file read, in bytes.
 MAX_YAML_FILE_BYTES = 1 << 20
@@ -72,6 +86,106 @@ class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
                 seen.add(key)
         result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return result
+
+    def construct_bounded_int(self, node: ScalarNode) -> int:
+        """An int, or the refusal naming its line when it is longer than Python reads
+        (int() raises ValueError past `sys.get_int_max_str_digits()` digits: not a
+        YAMLError, so it would escape as a traceback)."""
+        try:
+            value: int = self.construct_yaml_int(node)
+        except ValueError:
+            raise YamlInputError(
+                f"line {node.start_mark.line + 1}: an integer longer than "
+                f"{sys.get_int_max_str_digits()} digits"
+            ) from None
+        return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_bounded_int)
+
+
+@dataclass(frozen=True)
+class RefusedDocument:
+    """A document refused for a value JSON cannot hold (`json_problem`); the file's other
+    documents are read."""
+
+    #: As PyYAML constructed it (for its label: its name may be readable).
+    document: Any
+    #: `metadata.name: 2024-01-01 is read as a date ...`: the field first.
+    message: str
+
+
+def _what_is_not_json(value: Any) -> str | None:
+    """What `value` is when JSON cannot hold it (as the start of a message), else None."""
+    if isinstance(value, datetime.datetime):
+        return f"{value.isoformat()} is read as a timestamp, which JSON cannot hold; quote it"
+    if isinstance(value, datetime.date):
+        return f"{value.isoformat()} is read as a date, which JSON cannot hold; quote it"
+    if isinstance(value, bytes):
+        return "!!binary bytes, which JSON cannot hold; give the base64 text as a string"
+    if isinstance(value, (set, frozenset)):
+        return "a !!set, which JSON cannot hold; give a list"
+    if isinstance(value, tuple):
+        return "an !!omap or !!pairs entry, which JSON cannot hold; give a mapping"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a number JSON can hold"
+    if isinstance(value, (dict, list, str, int, float)) or value is None:
+        return None  # bool is an int
+    return f"a {type(value).__name__}, which JSON cannot hold"
+
+
+def _kind_of(key: Any) -> str:
+    if isinstance(key, bool):
+        return "a boolean"
+    if isinstance(key, int):
+        return "an integer"
+    if isinstance(key, float):
+        return "a number"
+    if isinstance(key, datetime.datetime):
+        return "a timestamp"
+    if isinstance(key, datetime.date):
+        return "a date"
+    if key is None:
+        return "null"
+    return f"a {type(key).__name__}"
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, (datetime.date, bool, float)) or key is None:
+        return str(key)
+    if isinstance(key, int):
+        return str(key) if abs(key) < 10**40 else "(a long integer)"
+    return f"({type(key).__name__})"
+
+
+def json_problem(document: Any) -> str | None:
+    """The first value in `document` that JSON cannot hold, as `field.path: what it is;
+    what to write instead`; None when all of it is JSON. Walked without recursion (aliases
+    may share a collection: each is looked at once)."""
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        path, value = stack.pop()
+        what = _what_is_not_json(value)
+        if what is not None:
+            return f"{path or '(document)'}: {what}"
+        if not isinstance(value, (dict, list)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, list):
+            stack.extend((join_path(path, i), v) for i, v in reversed(list(enumerate(value))))
+            continue
+        children = []
+        for key, child in value.items():
+            if not isinstance(key, str):
+                text = _key_text(key)
+                return (
+                    f"{path or '(document)'}: the key {text} is read as {_kind_of(key)}, not a "
+                    "string, which a JSON object's keys must be; quote it"
+                )
+            children.append((join_path(path, key), child))
+        stack.extend(reversed(children))
+    return None
 
 
 class _Frame:
@@ -196,20 +310,24 @@ def _check_expansion(root: Node) -> None:
         )
 
 
-def load_text(text: str) -> list[Any]:
-    """The documents of `text` (empty ones dropped); YamlInputError naming the problem."""
+def read_text(text: str) -> list[Any]:
+    """The documents of `text` (empty ones dropped), each a value or, when it holds a value
+    JSON cannot, a `RefusedDocument` naming the field; YamlInputError when the file itself
+    is refused (a limit above, or YAML PyYAML cannot read)."""
     _check_events(text)
     loader = _Loader(text)
     try:
-        documents = []
+        documents: list[Any] = []
         while loader.check_node():
             node = loader.get_node()
             if node is None:
                 continue
             _check_expansion(node)
             document = loader.construct_document(node)
-            if document is not None:
-                documents.append(document)
+            if document is None:
+                continue
+            problem = json_problem(document)
+            documents.append(document if problem is None else RefusedDocument(document, problem))
         return documents
     except YamlInputError:
         raise
@@ -219,9 +337,17 @@ def load_text(text: str) -> list[Any]:
         loader.dispose()
 
 
-def load_file(path: Path) -> list[Any]:
-    """The documents of the file at `path`, within the limits above; YamlInputError (or
-    OSError) naming the problem, never a traceback's worth of text."""
+def load_text(text: str) -> list[Any]:
+    """The documents of `text` (empty ones dropped); YamlInputError naming the problem (a
+    document holding a value JSON cannot refuses the file, naming the document and field)."""
+    documents = read_text(text)
+    for index, document in enumerate(documents):
+        if isinstance(document, RefusedDocument):
+            raise YamlInputError(f"document {index + 1}: {document.message}")
+    return documents
+
+
+def _read_text(path: Path) -> str:
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_YAML_FILE_BYTES:
@@ -235,10 +361,21 @@ def load_file(path: Path) -> list[Any]:
             f"larger than the {MAX_YAML_FILE_BYTES}-byte limit (MAX_YAML_FILE_BYTES)"
         )
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise YamlInputError(f"not UTF-8 text (byte {e.start} is not valid UTF-8)") from e
-    return load_text(text)
+
+
+def read_file(path: Path) -> list[Any]:
+    """`read_text` of the file at `path` (a document holding a value JSON cannot is a
+    `RefusedDocument`); YamlInputError (or OSError) when the file itself is refused."""
+    return read_text(_read_text(path))
+
+
+def load_file(path: Path) -> list[Any]:
+    """The documents of the file at `path`, within the limits above; YamlInputError (or
+    OSError) naming the problem, never a traceback's worth of text."""
+    return load_text(_read_text(path))
 
 
 def _one_line(error: Exception) -> str:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_sidecar.local.desired import Generations, desired_set
-from modelswap_sidecar.local.manifests import local_uid, read_folder
+from modelswap_sidecar.local.manifests import (
+    MAX_LOCAL_MODELS,
+    LocalModel,
+    cap_models,
+    local_uid,
+    read_folder,
+)
 from modelswap_sidecar.local.status import COLUMNS, rows, short_age, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +83,30 @@ def test_status_rows_and_ages() -> None:
     body = rows(models, local, node_name="local", now_seconds=1767225610.0)
     assert body == [("chat-pinned", "chat", "local", "Resident", "96Mi", "10s", "70s")]
     assert table(body).splitlines()[0].split() == list(COLUMNS)
+
+
+def _fake_models(file: Path, count: int) -> list[LocalModel]:
+    models, _ = read_folder(TOY, BUILTIN_DEFAULTS)
+    model = models[0]
+    return [
+        replace(model, file=file, name=f"{file.stem}{i}", uid=local_uid("default", f"{file}{i}"))
+        for i in range(count)
+    ]
+
+
+def test_the_cap_serves_whole_files_in_name_order_and_refuses_the_rest_by_name() -> None:
+    # given out of order: the cap goes by the files' names
+    files = [Path(f"/f/{letter}.yaml") for letter in "ecabd"]
+    models = [m for file in files for m in _fake_models(file, 900)]
+    served, problems = cap_models(models)
+    assert MAX_LOCAL_MODELS == 4096
+    assert sorted({m.file.name for m in served}) == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]
+    assert len(served) == 3600
+    assert [(p.file.name, p.label) for p in problems] == [("e.yaml", "file")]
+    # every file after the first that does not fit is refused too, however small
+    small = _fake_models(Path("/f/f.yaml"), 1)
+    served, problems = cap_models([*models, *small])
+    assert [p.file.name for p in problems] == ["e.yaml", "f.yaml"]
+    # exactly at the cap: all served
+    served, problems = cap_models(_fake_models(Path("/f/a.yaml"), 4096))
+    assert (len(served), problems) == (4096, [])

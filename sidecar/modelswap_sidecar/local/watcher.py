@@ -4,11 +4,20 @@ Every `poll_seconds` it compares the folder's YAML files (names, mtimes, sizes) 
 last look. On a change it reads them again (`manifests.read_folder`), reports files it
 refuses (each problem once, naming its field), and `PUT /v1/desired`s the full set to the
 agent's control API: term 1, the counter one higher each push. A push that fails (the
-agent still starting, or restarting) is retried at the next poll; the set is also pushed
-again every `resync_seconds`, as the operator re-pushes. A model whose file was removed is
-left out of the next push and then forgotten (`DELETE /v1/models/{uid}`: unloaded, its
-host bytes freed, no longer listed), as the operator deletes a removed ModelDeployment's
-model; a DELETE that fails is sent again after the next push.
+agent still starting, or restarting) is retried at the next poll; one the agent refuses as
+a bad request (400, 413: the same body would be refused again) is logged and sent again at
+the next change or resync; the set is also pushed again every `resync_seconds`, as the
+operator re-pushes. At most `MAX_LOCAL_MODELS` models are pushed (`manifests.cap_models`:
+files in name order; the files past the cap are refused by name).
+
+A model whose file was removed is left out of the next push and then forgotten (`DELETE
+/v1/models/{uid}`: unloaded, its host bytes freed, no longer listed), as the operator
+deletes a removed ModelDeployment's model; a DELETE that fails is sent again after the
+next push. Deletions are debounced: a model whose file vanished or holds no document any
+more (an editor truncating it before writing it again) is kept, unchanged, for
+`deletion_grace_seconds` (5 s); its file back within the grace changes nothing, and only
+once the grace has passed is it left out and forgotten. A model taken out of a file that
+still holds documents is removed at once.
 
 Reload on change (`source_watch`): every look also stats each served model's source
 folder (a mounted path; `sources.py` says what is looked at and when a change is due).
@@ -40,7 +49,14 @@ from typing import Any
 import httpx
 
 from modelswap_sidecar.local.desired import Generations, desired_set
-from modelswap_sidecar.local.manifests import LocalModel, Problem, read_folder, yaml_files
+from modelswap_sidecar.local.manifests import (
+    MAX_LOCAL_MODELS,
+    LocalModel,
+    Problem,
+    cap_models,
+    read_folder,
+    yaml_files,
+)
 from modelswap_sidecar.local.rundir import write_json
 from modelswap_sidecar.local.sources import Change, SourceWatch, folder_tree
 from modelswap_sidecar.triton.naming import triton_model_name
@@ -50,6 +66,12 @@ log = logging.getLogger(__name__)
 Signature = tuple[tuple[str, int, int], ...]
 #: How long the agent may take to answer a reload (Triton's unload of the model included).
 RELOAD_ANSWER_SECONDS = 120.0
+#: How long a model whose file vanished or became empty is kept before it is removed: an
+#: editor's save may truncate the file, or remove it and write it anew, for a moment.
+DELETION_GRACE_SECONDS = 5.0
+#: The agent's answers to a push that the same body would get again: not asked again until
+#: the folder changes or the resync is due.
+_REFUSED_PUSH_STATUSES = (400, 413)
 
 
 def folder_signature(folder: Path) -> Signature:
@@ -133,6 +155,8 @@ class FolderWatcher:
         dev_models_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        deletion_grace_seconds: float = DELETION_GRACE_SECONDS,
+        max_models: int = MAX_LOCAL_MODELS,
     ) -> None:
         """`source_watch` with `model_root`: reload on change (mounted sources under
         `models_prefix` are in `model_root`); `dev_models_file`: the dev loop is on."""
@@ -150,6 +174,10 @@ class FolderWatcher:
         self.dev_models_file = dev_models_file
         self.clock = clock
         self.wall_clock = wall_clock
+        self.deletion_grace_seconds = deletion_grace_seconds
+        self.max_models = max_models
+        #: uid -> `clock()` when its file was first seen vanished or empty (kept meanwhile)
+        self._vanishing: dict[str, float] = {}
         self.applied = Applied()
         #: uids that became, or stopped being, dev models: reloaded afresh after the push
         self._flipped: set[str] = set()
@@ -190,9 +218,14 @@ class FolderWatcher:
     def read(self) -> None:
         """Read the folder again; report problems that are new."""
         models, problems = read_folder(
-            self.folder, self.defaults, dev_loop=self.dev_models_file is not None
+            self.folder, self.defaults, dev_loop=self.dev_models_file is not None, max_models=None
         )
+        read_files = {m.file for m in models} | {p.file for p in problems}
         models = self._keep_last_valid(models, problems)
+        models = self._keep_vanishing(models, read_files)
+        # capped last: the models kept above count too
+        models, over = cap_models(models, self.max_models)
+        problems = [*problems, *over]
         before_dev = {m.uid: m.dev for m in self.applied.models}
         for model in models:
             was_dev = before_dev.get(model.uid)
@@ -240,9 +273,41 @@ class FolderWatcher:
             )
         return [*models, *kept]
 
+    def _keep_vanishing(self, models: list[LocalModel], read_files: set[Path]) -> list[LocalModel]:
+        """A served model whose file vanished or holds no document (`read_files`: the files
+        that gave a model or a problem) is kept for `deletion_grace_seconds` from when that
+        was first seen; a file back within the grace finds it unchanged."""
+        now = self.clock()
+        uids = {m.uid for m in models}
+        kept: list[LocalModel] = []
+        vanishing: dict[str, float] = {}
+        for model in self.applied.models:
+            if model.uid in uids or model.file in read_files:
+                continue  # still served, or taken out of a file that holds documents
+            since = self._vanishing.get(model.uid)
+            if since is None:
+                since = now
+                log.info(
+                    "%s is gone or empty: keeping %s/%s for %g s in case it is being written again",
+                    model.file.name,
+                    model.namespace,
+                    model.name,
+                    self.deletion_grace_seconds,
+                )
+            if now - since < self.deletion_grace_seconds:
+                kept.append(model)
+                vanishing[model.uid] = since
+        self._vanishing = vanishing
+        return [*models, *kept]
+
+    def _grace_passed(self) -> bool:
+        """A model kept while its file is gone or empty is due to be removed."""
+        now = self.clock()
+        return any(now - since >= self.deletion_grace_seconds for since in self._vanishing.values())
+
     def poll(self, client: httpx.Client) -> None:
         signature = folder_signature(self.folder)
-        if signature != self._signature:
+        if signature != self._signature or self._grace_passed():
             self._signature = signature
             self.read()
             self.on_change(self.applied)
@@ -397,8 +462,14 @@ class FolderWatcher:
             return False
         if response.status_code != 200:
             log.warning(
-                "the agent refused the desired set: %s %s", response.status_code, response.text
+                "the agent refused the desired set: %s %s",
+                response.status_code,
+                response.text[:2000],
             )
+            if response.status_code in _REFUSED_PUSH_STATUSES:
+                # the same body would be refused again: wait for a change or the resync
+                self._pending = False
+                self._last_push = time.monotonic()
             return False
         self._last_push = time.monotonic()
         self.applied.pushes += 1
