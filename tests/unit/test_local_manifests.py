@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from modelswap_api.defaults import BUILTIN_DEFAULTS
+from modelswap_sidecar.local import manifests
 from modelswap_sidecar.local.desired import Generations, desired_set
 from modelswap_sidecar.local.manifests import (
     MAX_LOCAL_MODELS,
@@ -110,3 +114,25 @@ def test_the_cap_serves_whole_files_in_name_order_and_refuses_the_rest_by_name()
     # exactly at the cap: all served
     served, problems = cap_models(_fake_models(Path("/f/a.yaml"), 4096))
     assert (len(served), problems) == (4096, [])
+
+
+def test_a_document_whose_check_raises_is_one_problem_and_the_rest_are_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = (TOY / "classify-drop-on-idle.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(good)
+    (tmp_path / "b.yaml").write_text(good.replace("name: classify", "name: boom"))
+    real = manifests.validate_resource
+
+    def validate(document: Any) -> Any:
+        if document["metadata"]["name"] == "boom":
+            raise RuntimeError("a bug in the validator")
+        return real(document)
+
+    monkeypatch.setattr(manifests, "validate_resource", validate)
+    models, problems = read_folder(tmp_path, BUILTIN_DEFAULTS)
+    assert [m.name for m in models] == ["classify"]
+    assert [str(p) for p in problems] == [
+        f"{tmp_path / 'b.yaml'}: document 1: cannot be checked (an internal error)"
+    ]
+    assert "a bug in the validator" in caplog.text  # its traceback is logged

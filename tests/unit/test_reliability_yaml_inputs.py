@@ -1,4 +1,5 @@
-"""The issue's hostile YAML (issue 12, finding 2), timed: through `modelswap validate` and
+"""The issue's hostile YAML (issue 12, finding 2; issue 26, item 9: values JSON cannot
+hold), timed: through `modelswap validate` and
 local mode's folder reader each is refused naming the limit in well under a second (the
 finding: 115 s and 5.5 GB for 652 bytes), and a good file beside it is still served."""
 
@@ -34,6 +35,12 @@ def _many_nodes() -> str:
     return yaml.safe_dump(manifest()) + "tolerations:\n" + tolerations
 
 
+def _labelled(labels: str) -> str:
+    """The manifest with `metadata.labels` written as given (flow YAML)."""
+    text = yaml.safe_dump(manifest())
+    return text.replace("  namespace: default\n", f"  namespace: default\n  labels: {labels}\n")
+
+
 HOSTILE: list[tuple[str, Callable[[], str | bytes], str, str]] = [
     ("billion laughs (652 bytes, 9 levels of 9 aliases)", lambda: laughs(9, 9),
      "more than 64 aliases", "MAX_YAML_ALIASES 64"),
@@ -54,6 +61,21 @@ HOSTILE: list[tuple[str, Callable[[], str | bytes], str, str]] = [
     ("5,000 nodeSelector entries (the schema allows 64)", lambda: yaml.safe_dump(
         manifest(spec={"placement": {"nodeSelector": {f"l{i}": "x" for i in range(5000)}}})),
      "spec.placement.nodeSelector: Too many", "maxProperties 64 (pre-check)"),
+    # issue 26, item 9: values PyYAML reads into types JSON cannot hold (a traceback before)
+    ("an unquoted date as the name (name: 2024-01-01)", lambda: yaml.safe_dump(
+        manifest()).replace("name: classify", "name: 2024-01-01"),
+     "metadata.name: 2024-01-01 is read as a date", "JSON values only (json_problem)"),
+    ("a timestamp label", lambda: _labelled("{a: 2024-01-01T10:00:00Z}"),
+     "metadata.labels.a: 2024-01-01T10:00:00+00:00 is read as a timestamp",
+     "JSON values only (json_problem)"),
+    ("a !!binary label", lambda: _labelled("{a: !!binary aGVsbG8=}"),
+     "metadata.labels.a: !!binary bytes", "JSON values only (json_problem)"),
+    ("a !!set label", lambda: _labelled("{a: !!set {x, y}}"),
+     "metadata.labels.a: a !!set", "JSON values only (json_problem)"),
+    ("a label keyed by a date", lambda: _labelled("{2024-01-01: a}"),
+     "metadata.labels: the key 2024-01-01 is read as a date", "JSON values only (json_problem)"),
+    ("a 5,000-digit integer", lambda: yaml.safe_dump(manifest()).replace("32Mi", "1" * 5000),
+     "an integer longer than 4300 digits", "int's 4,300 digits (sys.get_int_max_str_digits)"),
 ]  # fmt: skip
 
 
