@@ -42,6 +42,15 @@ _UID_RE = re.compile(UID_PATTERN)
 #: Longest UID echoed back in an error message (a refused value can be megabytes long).
 _UID_ECHO_CHARS = 64
 MAX_ENTRIES = 4096
+#: Largest revision term and counter taken: 2**53 - 1, the largest integer every JSON
+#: client holds exactly (a float64's mantissa). Today's term is the leader Lease's int32
+#: `leaseTransitions` and the counter one per push, so no operator comes near it; the
+#: bound leaves room for a term taken from elsewhere (a new leader starting above every
+#: term the agents have seen), while a hostile 2**63 can no longer be saved and then
+#: refuse every later push as older.
+MAX_REVISION_NUMBER = 2**53 - 1
+#: Largest entry generation taken: Kubernetes' `metadata.generation` is an int64.
+MAX_GENERATION = 2**63 - 1
 
 
 class _Wire:
@@ -222,7 +231,7 @@ def parse_desired_set(data: Any) -> DesiredSet:
             if isinstance(entry, Mapping) and "spec" in entry:
                 _check_spec(entry["spec"], f"entries[{index}].spec")
     desired = DesiredSet.from_dict(data)
-    _check_revision(desired.revision, "revision")
+    check_revision(desired.revision, "revision")
     seen: set[str] = set()
     for index, entry in enumerate(desired.entries):
         path = f"entries[{index}]"
@@ -242,10 +251,17 @@ def check_uid(uid: str, path: str = "uid") -> None:
         )
 
 
-def _check_revision(revision: Revision, path: str) -> None:
+def check_revision(revision: Revision, path: str = "revision") -> None:
+    """ModelError naming `path.term` or `path.counter` unless both are within
+    0..`MAX_REVISION_NUMBER`."""
     for name in ("term", "counter"):
-        if getattr(revision, name) < 0:
+        value = getattr(revision, name)
+        if value < 0:
             raise ModelError(join_path(path, name), "must be 0 or more")
+        if value > MAX_REVISION_NUMBER:
+            raise ModelError(
+                join_path(path, name), f"must be at most {MAX_REVISION_NUMBER} (2^53 - 1)"
+            )
 
 
 def _check_entry(entry: DesiredEntry, path: str) -> None:
@@ -255,6 +271,10 @@ def _check_entry(entry: DesiredEntry, path: str) -> None:
             raise ModelError(join_path(path, name), "must not be empty")
     if entry.generation < 1:
         raise ModelError(join_path(path, "generation"), "must be 1 or more")
+    if entry.generation > MAX_GENERATION:
+        raise ModelError(
+            join_path(path, "generation"), f"must be at most {MAX_GENERATION} (2^63 - 1)"
+        )
     _check_policy(entry.policy, join_path(path, "policy"))
 
 

@@ -9,6 +9,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -232,3 +233,35 @@ async def test_a_credential_is_trimmed_and_no_secret_is_ever_shown(
         log = agent.log_path.read_text()
         for shown in (listed, log):
             assert "s3cret" not in shown and "a\\nb" not in shown and "a\nb" not in shown
+
+
+async def test_a_deleted_model_stays_deleted_after_an_agent_restart(tmp_path: Path) -> None:
+    """Issue 26, item 8: a model dropped from the set and DELETEd within its grace period
+    (the operator's finalizer does not wait for it) stayed in desired.json, and the
+    restarted agent took it back. Two entries whose files are missing (no model is
+    loaded): each is a record, saved, Failed; restart adopts what is saved."""
+    async with node(tmp_path, AgentConfig(grace_seconds=600.0)) as n:
+        _triton, agent, control, _models = n.parts()
+        gone, kept = new_uid(), new_uid()
+        entries = {
+            uid: entry(uid, name=name, source={"uri": f"/models/absent-{name}"})
+            for uid, name in ((gone, "gone"), (kept, "kept"))
+        }
+        await control.desired(list(entries.values()))
+        assert set(await control.models()) == {gone, kept}
+        response = await control.put([entries[kept]])
+        assert [p["uid"] for p in response.json()["pendingUnloads"]] == [gone]
+        deleted = await control.client.delete(f"/v1/models/{gone}")
+        assert (deleted.status_code, deleted.json()["reason"]) == (200, "Forgotten")
+        assert set(await control.models()) == {kept}
+
+        await agent.stop()
+        saved = json.loads((agent.state_dir / "desired.json").read_text())
+        assert [e["uid"] for e in saved["entries"]] == [kept]
+        await agent.start()
+
+        async def adopted() -> dict[str, dict[str, Any]] | None:
+            models = await control.models()
+            return models if kept in models else None
+
+        assert set(await eventually(adopted, what="the saved set to be taken back")) == {kept}

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from modelswap_api.control import Revision
+from modelswap_api.control import MAX_GENERATION, MAX_REVISION_NUMBER, Revision
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.errors import PolicyError
 from modelswap_api.policy import effective_policy
@@ -371,6 +371,14 @@ async def test_an_unknown_gpu_is_a_conflict(node: Node) -> None:
         (desired(1, 0, entry(A.upper())), "entries[0].uid"),
         (desired(1, 0, entry(A + "0")), "entries[0].uid"),
         (desired(1, 0, entry(A, generation=0)), "entries[0].generation"),
+        # Issue 26, item 8: a revision or generation no operator can produce was saved, and
+        # every later push was refused as older (the node stuck).
+        (desired(2**63, 0), "revision.term"),
+        (desired(MAX_REVISION_NUMBER + 1, 0), "revision.term"),
+        (desired(1, 2**64), "revision.counter"),
+        (desired(1, MAX_REVISION_NUMBER + 1), "revision.counter"),
+        (desired(1, 0, entry(A, generation=2**70)), "entries[0].generation"),
+        (desired(1, 0, entry(A, generation=MAX_GENERATION + 1)), "entries[0].generation"),
         (desired(1, 0, entry(A, "0")), "entries[0].spec.model.weightsBytes"),
         (desired(1, 0, {**entry(A), "colour": "red"}), "entries[0].colour"),
         (
@@ -387,6 +395,37 @@ async def test_a_malformed_body_is_a_400_naming_the_field(
         assert (status, answer["field"]) == (400, field), answer
         assert (await node.get("/v1/models"))[1]["models"] == []
         assert node.service.revision is None
+
+
+@pytest.mark.asyncio
+async def test_a_refused_bound_is_not_stored_and_the_next_push_is_taken(node: Node) -> None:
+    """Issue 26, item 8: after a refused 2^63 term the node still takes an ordinary push;
+    the largest bounds themselves are taken (and stored)."""
+    async with node.served():
+        status, answer = await node.put(desired(2**63, 2**64, entry(A, generation=2**70)))
+        assert (status, answer["field"]) == (400, "revision.term")
+        assert RevisionStore(node.settings.state_file).load() is None
+        assert (await node.put(desired(3, 1, entry(A))))[0] == 200
+        top = desired(MAX_REVISION_NUMBER, MAX_REVISION_NUMBER, entry(A, generation=MAX_GENERATION))
+        status, body = await node.put(top)
+        assert (status, outcomes(body)) == (200, {A: ("applied", "Updated")})
+        _, info = await node.get("/v1/node")
+        assert info["revision"] == {"term": MAX_REVISION_NUMBER, "counter": MAX_REVISION_NUMBER}
+        assert (await node.get(f"/v1/models/{A}"))[1]["generation"] == MAX_GENERATION
+    stored = RevisionStore(node.settings.state_file).load()
+    assert stored == Revision(term=MAX_REVISION_NUMBER, counter=MAX_REVISION_NUMBER)
+
+
+def test_a_stored_revision_out_of_bounds_is_ignored_so_pushes_are_taken(tmp_path: Path) -> None:
+    """An agent before the bounds may have saved a hostile 2^63 term: kept, it would refuse
+    every push for good; it is ignored (logged) and the next push sets the revision."""
+    store = RevisionStore(tmp_path / "r.json")
+    store.save(Revision(term=2**63, counter=0))
+    assert store.load() is None
+    store.save(Revision(term=1, counter=2**64))
+    assert store.load() is None
+    store.save(Revision(term=MAX_REVISION_NUMBER, counter=0))
+    assert store.load() == Revision(term=MAX_REVISION_NUMBER, counter=0)
 
 
 @pytest.mark.asyncio

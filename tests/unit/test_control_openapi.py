@@ -218,3 +218,51 @@ def service(tmp_path: Path) -> ControlService:
     )
     backend = InMemoryBackend("node-1", {"gpu-0": 10 * GiB})
     return ControlService(backend, settings, clock=lambda: 0.0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("Revision", "term", control.MAX_REVISION_NUMBER, "revision.term"),
+        ("Revision", "counter", control.MAX_REVISION_NUMBER, "revision.counter"),
+        ("DesiredEntry", "generation", control.MAX_GENERATION, "entries[0].generation"),
+    ],
+)
+async def test_the_documented_bounds_are_the_agents(
+    document: dict[str, Any], tmp_path: Path, case: tuple[str, str, int, str]
+) -> None:
+    """Issue 26, item 8: each bound the document states is the one the agent enforces: a
+    body at the bound validates and is taken, one past it fails the schema and is a 400
+    naming the field."""
+    schema, prop, bound, field = case
+    assert document["components"]["schemas"][schema]["properties"][prop]["maximum"] == bound
+    (tmp_path / "token").write_text("t")
+    auth = {"Authorization": "Bearer t"}
+    app = make_app(service(tmp_path), TokenFile(tmp_path / "token"))
+    spec = {"model": {"source": {"uri": "/m"}, "weightsBytes": "1Gi"}}
+    policy = effective_policy(spec, BUILTIN_DEFAULTS).to_status().to_dict()
+
+    def body(value: int) -> dict[str, Any]:
+        revision = {"term": 1, "counter": 1}
+        item = {"uid": "00000000-0000-4000-8000-00000000000a", "namespace": "ns", "name": "a",
+                "generation": 1, "spec": spec, "policy": policy}  # fmt: skip
+        if schema == "Revision":
+            revision[prop] = value
+        else:
+            item[prop] = value
+        return {"revision": revision, "entries": [item]}
+
+    put = document["paths"]["/v1/desired"]["put"]
+    validator = schema_validator(
+        document, put["requestBody"]["content"]["application/json"]["schema"]
+    )
+    validator.validate(body(bound))
+    assert not validator.is_valid(body(bound + 1))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        response = await client.put("/v1/desired", json=body(bound + 1), headers=auth)
+        answer = await response.json()
+        assert (response.status, answer["field"]) == (400, field), answer
+        assert "400" in put["responses"]
+        response = await client.put("/v1/desired", json=body(bound), headers=auth)
+        assert response.status == 200, await response.text()

@@ -4,6 +4,7 @@ so held models are reported desired and cannot be deleted; the first push decide
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,6 +48,11 @@ class HeldBackend:
     async def forget(self, uid: str) -> bool:
         self.forgotten.append(uid)
         return self.held.pop(uid, None) is not None
+
+    def save_desired(self) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
 
 def service(backend: HeldBackend, tmp_path: Path) -> ControlService:

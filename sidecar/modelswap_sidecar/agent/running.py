@@ -99,6 +99,8 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
     # the saved set's names are known at once; its models are taken back once Triton is ready
     agent.backend.knowledge.read_saved(load_entries(saved_file), found=saved_file.exists())
     async with contextlib.AsyncExitStack() as stack:
+        # last out: the desired entries of the control API's last change reach the disk
+        stack.push_async_callback(agent.backend.flush_desired)
         control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
         stack.push_async_callback(control.cleanup)
         metrics_runner = None

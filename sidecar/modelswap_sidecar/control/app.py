@@ -38,6 +38,7 @@ from modelswap_api.errors import ModelError, ResourceError
 from modelswap_api.json_input import JsonInputError, loads_bounded
 from modelswap_sidecar.control.auth import TokenFile, Verdict
 from modelswap_sidecar.control.errors import (
+    DesiredStoreError,
     RefusedError,
     RevisionStoreError,
     UnknownModelError,
@@ -155,6 +156,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except RevisionStoreError as e:
         logger.error("revision state: %s", e)
         return _error(503, "RevisionStoreUnavailable", str(e))
+    except DesiredStoreError as e:  # logged by the writer
+        return _error(503, "DesiredStoreUnavailable", str(e))
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
         return _error(500, "InternalError", "the agent failed to handle the request")

@@ -8,6 +8,7 @@ for the operator's tests against a real control server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -33,6 +34,14 @@ class NodeBackend(Protocol):
     async def forget(self, uid: str) -> bool:
         """Unload and delete everything held for `uid`, host-store bytes included.
         False when nothing was held."""
+        ...
+
+    def save_desired(self) -> asyncio.Future[None]:
+        """Snapshot the desired entries as they are now, for a restarted agent to take back,
+        and return at once: the caller holds the control lock, so the write runs outside
+        it. The future is done once this snapshot (or a newer one) is saved; snapshots are
+        saved in the order taken. The control layer calls it once per change (a set taken,
+        a batch of unloads, a model forgotten), never per model."""
         ...
 
     async def node_info(self) -> NodeInfo:

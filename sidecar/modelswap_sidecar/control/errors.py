@@ -2,6 +2,8 @@
 
 ControlError
 ├── RevisionStoreError   the revision state file cannot be read or written
+├── DesiredStoreError    503: the desired entries could not be saved (a restarted agent
+│                        would take back an older set); the agent keeps serving
 ├── RefusedError         409: an older term or revision, another node's set, a model still
 │                        desired, a load while fenced, a backend's refusal; carries `reason`
 ├── UnknownModelError    404: no model with that uid on this node (backends raise it)
@@ -18,6 +20,10 @@ class ControlError(Exception):
 
 class RevisionStoreError(ControlError):
     """The state file holding the highest revision seen is unreadable or unwritable."""
+
+
+class DesiredStoreError(ControlError):
+    """The backend could not save its desired entries (see `NodeBackend.save_desired`)."""
 
 
 class RefusedError(ControlError):

@@ -8,6 +8,7 @@ node lacks is a `conflict`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class InMemoryBackend:
         self._budgets = dict(gpu_budgets)
         self._records: dict[str, _Record] = {}
         self.unloaded: list[str] = []  # every unload call, in order (for tests)
+        self.saves = 0  # save_desired calls (for tests)
 
     def used_bytes(self, gpu: str) -> int:
         return sum(
@@ -96,6 +98,13 @@ class InMemoryBackend:
 
     async def forget(self, uid: str) -> bool:
         return self._records.pop(uid, None) is not None
+
+    def save_desired(self) -> asyncio.Future[None]:
+        """Nothing to save (nothing outlives the process); counted for tests."""
+        self.saves += 1
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def node_info(self) -> NodeInfo:
         gpus = tuple(

@@ -2,6 +2,8 @@
 
 An agent that restarts must still refuse a deposed leader's pushes, so the revision is
 written (temporary file, fsync, rename, fsync of the folder) before a set is acted on.
+A stored revision out of the API's bounds (`check_revision`; saved by an older agent
+that took any number) is ignored at load, logged, rather than refusing every push.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from modelswap_api.control import Revision
+from modelswap_api.control import Revision, check_revision
 from modelswap_api.errors import ModelError
 from modelswap_sidecar.control.errors import RevisionStoreError
 
@@ -36,9 +38,20 @@ class RevisionStore:
             data = json.loads(text)
             if data.get("version") != _FORMAT_VERSION:
                 raise ModelError("version", f"expected {_FORMAT_VERSION}")
-            return Revision.from_dict(data["revision"])
+            revision = Revision.from_dict(data["revision"])
         except (ValueError, KeyError, AttributeError, TypeError) as e:
             raise RevisionStoreError(f"{self.path} is not a revision state file: {e}") from e
+        try:
+            check_revision(revision)
+        except ModelError as e:
+            # Saved by an agent that took any number (a hostile push): no operator can
+            # send a revision above it, so keeping it would refuse every push for good.
+            # Forgotten, the node takes the next push's revision as the highest seen.
+            logger.error(
+                "ignoring revision %s in %s: %s; the next push sets it", revision, self.path, e
+            )
+            return None
+        return revision
 
     def save(self, revision: Revision) -> None:
         payload = json.dumps({"version": _FORMAT_VERSION, "revision": revision.to_dict()})

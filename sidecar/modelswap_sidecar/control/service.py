@@ -8,6 +8,9 @@
   missing from the set for unload after the grace period.
 - `unload_due` unloads what the grace period has run out on (the app calls it on a timer).
 - `delete` forgets a model that is no longer desired, host-store bytes included.
+- After each change (a set taken, a batch of unloads, a delete) the backend saves its
+  desired entries once (`save_desired`): a snapshot taken under the lock, written after
+  the lock is released; the answer waits for the write, not the lock.
 - Until the first push after a (re)start, which models are desired is the backend's word
   (the agent keeps its last desired entries on disk and takes them back), so a restarted
   agent neither reports its held models as undesired nor lets them be deleted.
@@ -100,6 +103,7 @@ class ControlService:
             self._unloaded -= desired.uids
             self._desired = desired.uids
             self._pushed = True
+            saved = self.backend.save_desired()
             assert self._revision is not None
             counts = {o: sum(r.outcome == o for r in results) for o in ("applied", "deferred")}
             logger.info(
@@ -111,11 +115,13 @@ class ControlService:
                 len(results) - counts["applied"] - counts["deferred"],
                 len(self._schedule.deadlines),
             )
-            return DesiredSetResult(
+            answer = DesiredSetResult(
                 revision=self._revision,
                 results=tuple(results),
                 pending_unloads=self._pending_unloads(now),
             )
+        await _saved(saved)
+        return answer
 
     async def _accept_revision(self, desired: DesiredSet) -> None:
         node = self.settings.node_name
@@ -195,7 +201,11 @@ class ControlService:
         )
 
     async def unload_due(self) -> tuple[str, ...]:
-        """Unload every model whose grace period has run out; the uids unloaded."""
+        """Unload every model whose grace period has run out; the uids unloaded. The
+        desired entries are saved once for the whole batch, written after the lock is
+        released (a set shrinking from thousands of entries must not rewrite the file per
+        model, nor keep PUT and DELETE waiting behind the writes)."""
+        saved = None
         async with self._lock:
             done = []
             for uid in self._schedule.due(self._clock()):
@@ -208,7 +218,11 @@ class ControlService:
                 self._unloaded.add(uid)
                 done.append(uid)
                 logger.info("unloaded %s: missing from the desired set past its grace", uid)
-            return tuple(done)
+            if done:
+                saved = self.backend.save_desired()
+        if saved is not None:
+            await _saved(saved)
+        return tuple(done)
 
     async def delete(self, uid: str) -> ActionResult:
         """Forget a model the set no longer holds, host-store bytes included."""
@@ -221,6 +235,10 @@ class ControlService:
             self._schedule = self._schedule.without(uid)
             self._unloaded.discard(uid)
             self._identities.pop(uid, None)
+            # Saved even when nothing was held: a retried DELETE whose first save failed
+            # must still take the uid off the saved set (else a restart brings it back).
+            saved = self.backend.save_desired()
+        await _saved(saved)
         if not held:
             return ActionResult(uid=uid, outcome="unchanged", reason="NotHeld")
         logger.info("forgot %s and its host-store bytes", uid)
@@ -284,3 +302,9 @@ class ControlService:
                 "nothing new is loaded",
             )
         return await self.backend.reload(uid, keep_host_copy=keep_host_copy)
+
+
+async def _saved(saved: asyncio.Future[None]) -> None:
+    """Wait, outside the control lock, for a snapshot to be saved. Shielded: a client that
+    goes away cancels its own wait, never the write others wait on too."""
+    await asyncio.shield(saved)

@@ -6,6 +6,10 @@ updates a held model's policy in place (the engine's pinned/priority/KV mode too
 places a new one (`placement.place`): `applied` when a GPU admits it (the load then runs
 in the background and shows in `models()`), `deferred` with the reason when none does.
 Loads, reloads and retries of deferred or failed entries continue in the policy loop.
+
+The desired entries are saved (`desired.json`, taken back by a restarted agent) when the
+control layer asks, once per change (`save_desired`): a snapshot taken at once, written
+in the background by a `DesiredFileWriter`, never while the caller waits holding its lock.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from modelswap_sidecar.agent.core.model_changes import changed_fields, refusal
 from modelswap_sidecar.agent.core.placement import Placement
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.ports import reports
-from modelswap_sidecar.agent.ports.desired_file import save_entries
+from modelswap_sidecar.agent.ports.desired_file import DesiredFileWriter, Write, save_entries
 from modelswap_sidecar.control.errors import UnknownModelError
 from modelswap_sidecar.engine.errors import EngineError, UnknownModel
 from modelswap_sidecar.model_states import Serving
@@ -73,11 +77,13 @@ class AgentBackend:
         knowledge: DesiredKnowledge | None = None,
         gpu_products: Sequence[str] | None = None,
         gpu_links: Sequence[Link] | None = None,
+        write_desired: Write = save_entries,
     ) -> None:
         self.actuator = actuator
         self.node_name = node_name
         self.agent_version = agent_version
         self.desired_file = desired_file
+        self.desired_writer = DesiredFileWriter(desired_file, write_desired)
         #: whether the agent knows its desired models: told once a set is taken (the
         #: gateway's readiness and its 404 wait for it; `run` adds the saved set)
         self.knowledge = knowledge if knowledge is not None else DesiredKnowledge()
@@ -105,9 +111,6 @@ class AgentBackend:
                 # the gateway and the control API answer between slices of a large set
                 await asyncio.sleep(0)
         self.knowledge.pushed()
-        await asyncio.to_thread(
-            save_entries, self.desired_file, [m.entry for m in self.records.values() if m.desired]
-        )
         return results
 
     async def _take_guarded(self, entry: DesiredEntry) -> EntryResult:
@@ -197,11 +200,6 @@ class AgentBackend:
         model = self.records.get(uid)
         if model is not None:
             await self.actuator.unload(model)
-            await asyncio.to_thread(
-                save_entries,
-                self.desired_file,
-                [m.entry for m in self.records.values() if m.desired],
-            )
 
     async def forget(self, uid: str) -> bool:
         model = self.records.get(uid)
@@ -209,6 +207,14 @@ class AgentBackend:
             return False
         await self.actuator.forget(model)
         return True
+
+    def save_desired(self) -> asyncio.Future[None]:
+        """Snapshot the desired entries now; written in the background, in order."""
+        return self.desired_writer.submit([m.entry for m in self.records.values() if m.desired])
+
+    async def flush_desired(self) -> None:
+        """Wait for every snapshot taken so far to be written (at shutdown)."""
+        await self.desired_writer.flush()
 
     async def node_info(self) -> NodeInfo:
         return reports.node_info(

@@ -1,25 +1,35 @@
-"""The entries the agent was last told to hold, kept in a small JSON file so a restarted
-agent knows its models before the operator's next push (credentials are never written)."""
+"""The entries the agent was last told to hold, kept in a JSON file so a restarted agent
+knows its models before the operator's next push (credentials are never written).
+
+The file holds up to `MAX_ENTRIES` entries (megabytes), so it is written by a
+`DesiredFileWriter`: the caller takes a snapshot of the entries under the control lock
+and hands it over; the writer writes it in a thread, outside the lock, one write at a
+time and in the order taken, and a snapshot that a newer one overtakes before its turn is
+never written (a burst of changes costs one or two writes, not one each).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from modelswap_api.control import DesiredEntry
+from modelswap_sidecar.control.errors import DesiredStoreError
 
 log = logging.getLogger(__name__)
 
 _VERSION = 1
 
 
-def save_entries(path: Path, entries: Iterable[DesiredEntry]) -> None:
+def save_entries(path: Path, entries: Sequence[DesiredEntry]) -> None:
+    """Write `entries` to `path` atomically: a temporary file, fsynced, renamed over it."""
     doc = {
         "version": _VERSION,
         "entries": [dataclasses.replace(e, credentials=None).to_dict() for e in entries],
@@ -29,6 +39,8 @@ def save_entries(path: Path, entries: Iterable[DesiredEntry]) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -57,3 +69,71 @@ def load_entries(path: Path) -> list[DesiredEntry]:
         except (ValueError, KeyError, TypeError) as problem:
             log.warning("ignoring entry %d of %s: %s", i, path, problem)
     return entries
+
+
+#: Writes one snapshot: `save_entries`, or a test's stand-in.
+Write = Callable[[Path, Sequence[DesiredEntry]], None]
+
+
+class DesiredFileWriter:
+    """Writes snapshots of the desired entries to `path` in the background, in order.
+
+    `submit` returns at once (it never waits on the disk, so a caller holding a lock does
+    not hold it across the write); the future it returns is done once that snapshot, or a
+    newer one that overtook it, is on disk, and carries the write's error otherwise. At
+    most one write runs at a time; while it runs, further snapshots replace each other and
+    only the newest is written next, so an older snapshot never lands over a newer one.
+    """
+
+    def __init__(self, path: Path, write: Write = save_entries) -> None:
+        self.path = path
+        self._write = write
+        #: the newest snapshot not yet being written, and everyone waiting on it
+        self._pending: tuple[Sequence[DesiredEntry], list[asyncio.Future[None]]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: snapshots written so far (for logs and tests)
+        self.writes = 0
+
+    def submit(self, entries: Sequence[DesiredEntry]) -> asyncio.Future[None]:
+        """Queue `entries` (a snapshot the caller no longer changes) to be written."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        # Whoever does not wait for the answer must not leave an unretrieved error behind:
+        # the failure is logged by the writer.
+        done.add_done_callback(_retrieve)
+        if self._pending is None:
+            self._pending = (tuple(entries), [done])
+        else:
+            self._pending = (tuple(entries), [*self._pending[1], done])
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain(), name="desired-file-writer")
+        return done
+
+    async def flush(self) -> None:
+        """Wait until every snapshot submitted so far is written (or failed)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        while self._pending is not None:
+            entries, waiters = self._pending
+            self._pending = None
+            error: Exception | None = None
+            try:
+                await asyncio.to_thread(self._write, self.path, entries)
+                self.writes += 1
+            except Exception as e:  # the file is a restart cache: say so, keep serving
+                error = e
+                log.error("cannot write %s (%d entries): %s", self.path, len(entries), e)
+            for waiter in waiters:
+                if waiter.done():  # its waiter was cancelled
+                    continue
+                if error is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(DesiredStoreError(f"cannot write {self.path}: {error}"))
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
