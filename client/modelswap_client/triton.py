@@ -14,6 +14,7 @@ attaches with a `weights` region of `weightsBytes` and, when `kvCacheBytes` is s
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,10 +42,24 @@ def model_parameter(config: Mapping[str, Any], key: str, default: str | None = N
     return str(entry["string_value"])
 
 
+def log_to_stderr() -> None:
+    """Triton's stub configures no Python logging, so the library's INFO lines (which
+    host copy was bound, what was loaded) would be lost: send the `modelswap_client`
+    loggers to stderr, which Triton writes to its log — unless the model set up logging."""
+    library = logging.getLogger("modelswap_client")
+    if library.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    library.addHandler(handler)
+    library.setLevel(logging.INFO)
+
+
 def attach_model(args: Mapping[str, str], **options: Any) -> Attachment:
     """Attach the model Triton is initialising (`args` of `initialize`): a `weights`
     region of its `weightsBytes`, and a `kv` region of its `kvCacheBytes` when set.
     `options` go to `attach` (e.g. `timeout_seconds`)."""
+    log_to_stderr()
     config = json.loads(args["model_config"])
     weights_bytes = int(model_parameter(config, "modelswap.weights_bytes"))
     kv_bytes = int(model_parameter(config, "modelswap.kv_cache_bytes", "0"))

@@ -253,6 +253,7 @@ def test_answers_equal_transformers_through_swaps_and_a_triton_kill_without_weig
         log = node.log()
         assert "loading afresh" not in log, log[-4000:]
         assert "no model.safetensors" not in log, log[-4000:]
+        assert "bound the host copy" in log, log[-4000:]  # and said so in Triton's log
 
 
 def changed_model(folder: Path, layers: int) -> None:

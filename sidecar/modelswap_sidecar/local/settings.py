@@ -31,8 +31,9 @@ from typing import Any
 from modelswap_sidecar.local.rundir import RunDir
 
 MIB = 1 << 20
-#: One sim GPU that holds the pinned chat model and one more of the examples (not all
-#: three), under the high watermark: models compete for it.
+#: One sim GPU: room for both real examples (embed 87Mi, tinyllama 3Mi), or for the pinned
+#: toy chat model and one more of examples/toy (not all three, under the high watermark:
+#: the toy models compete for it).
 DEFAULT_SIM_GPU_BYTES = 240 * MIB
 #: Mounted sources are written `/models/<x>` in the examples.
 MODELS_PREFIX = "/models"
