@@ -29,6 +29,8 @@ class FakeTriton:
         self._allowed: dict[int, asyncio.Event] = {}
         self.ready = True
         self.url = ""
+        #: infer requests are read, then their connection is dropped (Triton crashing)
+        self.drop_infers = False
         #: fields added to a model's configuration, by Triton name (its inputs, say)
         self.configs: dict[str, dict[str, Any]] = {}
 
@@ -87,6 +89,11 @@ class FakeTriton:
 
     async def _infer(self, request: web.Request) -> web.Response:
         name = self._model(request)
+        if self.drop_infers:
+            await request.read()
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
         try:
             body = await request.json()
         except ValueError:
