@@ -85,11 +85,16 @@ def phase_of(state: EngineState) -> Phase:
 
 
 def charged_residency(
-    serving: Serving, *, attaches: bool, engine_state: EngineState | None
+    serving: Serving,
+    *,
+    attaches: bool,
+    engine_state: EngineState | None,
+    requests_in_flight: int = 0,
 ) -> Residency | None:
     """Where a model's bytes are for the budget; None: it claims no HBM and is not wanted
     in. Only a model the runtime serves (or is loading, or dropped and due back) holds or
-    may claim HBM; a runtime that cannot attach holds all of it while loaded."""
+    may claim HBM; a runtime that cannot attach holds all of it while loaded.
+    `requests_in_flight`: the model's requests admitted and not yet answered."""
     if serving is Serving.LOADING:
         return Residency.LOADING
     if serving is Serving.DROPPED:
@@ -102,10 +107,12 @@ def charged_residency(
         return Residency.LOADING
     if engine_state is EngineState.LOADING:
         # a dropped model swapped in: fresh memory mapped, its weights loaded by its next
-        # request. It answers, and dropping it again loses nothing, so it is weighed as
-        # resident (idle, it goes; a swap-in may take it as a victim) rather than as a
-        # load under way that others wait for.
-        return Residency.RESIDENT
+        # request. Idle, it answers and dropping it again loses nothing, so it is weighed
+        # as resident (it goes; a swap-in may take it as a victim) rather than as a load
+        # under way that others wait for. With requests in flight, the first of them is
+        # loading its weights inside in_use() and commits them there: a load under way,
+        # never a victim (a swap-out would drain the very request that commits).
+        return Residency.LOADING if requests_in_flight else Residency.RESIDENT
     return residency_of(engine_state)
 
 

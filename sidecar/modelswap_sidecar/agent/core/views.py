@@ -2,9 +2,10 @@
 effects but `isolation`'s fault bookkeeping).
 
 Only models the runtime serves (or is loading, or dropped and due back) hold or may claim
-HBM (`model_states.charged_residency`); models pending, deferred, failed or unloaded are
-left out, and so is a model whose view cannot be made (its fault noted: the others are
-still weighed).
+HBM (`model_states.charged_residency`: a dropped model swapped in whose requests are
+loading its weights counts as loading, never a victim); models pending, deferred, failed
+or unloaded are left out, and so is a model whose view cannot be made (its fault noted:
+the others are still weighed).
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def node_view(
         if m.gpu is None or m.gpu not in uuids:
             return None
         residency = charged_residency(
-            m.serving, attaches=m.attaches, engine_state=engine_states.get(m.triton_name)
+            m.serving,
+            attaches=m.attaches,
+            engine_state=engine_states.get(m.triton_name),
+            requests_in_flight=m.active_requests,
         )
         return None if residency is None else model_view(m, residency, uuids[m.gpu], now_seconds)
 
