@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: Where the engine calls `checkpoint`: after each step that leaves something for a crash
-#: to find (a fault test kills the agent there).
+#: to find (a fault test kills the agent there), and where a test holds an operation while
+#: another comes (`commit.received`).
 CHECKPOINTS = (
     "commit.received",  # a commit counted (a swap-out now refuses), the lock not yet taken
     "commit.saved",  # the client wrote the weights into staging files; nothing renamed

@@ -3,7 +3,10 @@
 Swap-out: DRAINING (every instance drains its `in_use()` work and synchronizes) →
 QUIESCED → SAVING (preserved KV to the host store, committed before anything is unmapped)
 → UNMAPPED (clients unmapped and dropped their handles) → chunks released → SWAPPED_OUT.
-A failure before UNMAP resumes every client and returns to RESIDENT.
+A failure before UNMAP resumes every client and returns to RESIDENT. A model committing
+its weights is never swapped out (`Committing`): refused before the drain when a commit
+waits for the lock, rolled back after it when one came in during the drain (such a commit
+runs beside the drain, whose end it would otherwise wait for: `Attacher.commit`).
 
 Swap-in: ALLOCATING (make room by swapping out the victims the caller chose, nobody
 else; create chunks) → MAPPED (clients map them at their
@@ -162,8 +165,8 @@ class Swapper:
                     "flight): not swapped out"
                 )
             m.epoch += 1
-            m.draining, m.commit_joined_drain = True, False
             self.table.set_state(m, S.DRAINING, reason or "swap-out requested")
+            m.draining, m.commit_joined_drain = True, False
         # a model mapped afresh and not committed yet holds nothing worth keeping: dropped
         drop = m.config.on_swap_out is SwapOutMode.DROP or reloading
         # a dropped model is reloaded from its source: its KV is never worth saving
@@ -224,8 +227,8 @@ class Swapper:
                 bodies={i.name: {"state": "resident"} for i in m.instances.values()},
             )
             with self.table.lock:
-                back = before
-                if before is S.LOADING and all(i.committed for i in m.live_instances()):
+                back, still = before, m.live_instances()
+                if before is S.LOADING and still and all(i.committed for i in still):
                     back = S.RESIDENT  # a commit that ran beside the drain loaded it
                 self.table.set_state(m, back, f"swap-out rolled back: {ex}")
             if isinstance(ex, ClientFailed | RemoteError | OSError):
