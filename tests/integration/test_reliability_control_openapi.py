@@ -78,6 +78,9 @@ RAW_BODIES = st.one_of(
     st.binary(max_size=64),
     st.just(b"[" * 50_000 + b"]" * 50_000),
     st.just(b'{"revision": {"term": 1e999, "counter": 0}, "entries": []}'),
+    # past the documented bounds (issue 26, item 8): refused, never stored
+    st.just(b'{"revision": {"term": 9223372036854775808, "counter": 0}, "entries": []}'),
+    st.just(b'{"revision": {"term": 2, "counter": 18446744073709551616}, "entries": []}'),
 )
 
 

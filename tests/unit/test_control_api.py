@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -15,7 +16,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from modelswap_api.control import MAX_GENERATION, MAX_REVISION_NUMBER, Revision
+from modelswap_api.control import (
+    MAX_GENERATION,
+    MAX_REVISION_NUMBER,
+    Revision,
+    parse_desired_set,
+)
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.errors import PolicyError
 from modelswap_api.policy import effective_policy
@@ -570,6 +576,52 @@ async def test_a_failed_unload_is_retried_and_a_broken_backend_is_a_500(node: No
         backend.scramble = True
         status, body = await node.put(desired(1, 3, entry(A), entry(C)))
         assert (status, body["reason"]) == (500, "InternalError")
+
+
+class HeldUnloadBackend(InMemoryBackend):
+    """Holds the unload of `held` until `release` is set."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__("node-1", {"gpu-0": 10 * GiB})
+        self.held = held
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def unload(self, uid: str) -> None:
+        if uid == self.held:
+            self.entered.set()
+            await self.release.wait()
+        await super().unload(uid)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_of_unloads_lets_pushes_through_and_skips_what_came_back(
+    node: Node,
+) -> None:
+    """Issue 26, item 8: a set shrinking from thousands of entries unloaded them all with
+    the control lock held, and PUT and DELETE timed out meanwhile. The lock is now taken
+    per unload: a PUT waiting while B unloads goes next (asyncio's lock is first come,
+    first served), before C's unload, and C, back in its set, is not unloaded."""
+    backend = HeldUnloadBackend(B)
+    node.backend = backend
+    node.service = ControlService(backend, node.settings, clock=node.clock)
+    async with node.served():
+        await node.put(desired(1, 1, entry(A), entry(B), entry(C)))
+        await node.put(desired(1, 2, entry(A)))
+        node.clock.now += GRACE
+        unloading = asyncio.create_task(node.service.unload_due())
+        await asyncio.wait_for(backend.entered.wait(), 10.0)
+        back = parse_desired_set(desired(1, 3, entry(A), entry(C)))
+        pushing = asyncio.create_task(node.service.put_desired(back))
+        await asyncio.sleep(0)  # one turn: the PUT now waits for the lock B's unload holds
+        assert not pushing.done()
+        backend.release.set()
+        result = await asyncio.wait_for(pushing, 10.0)
+        assert {r.uid: r.outcome for r in result.results} == {A: "applied", C: "applied"}
+        assert await asyncio.wait_for(unloading, 10.0) == (B,)
+        assert backend.unloaded == [B]
+        _, listed = await node.get("/v1/models")
+        assert {m["uid"]: m["desired"] for m in listed["models"]} == {A: True, B: False, C: True}
 
 
 @pytest.mark.asyncio

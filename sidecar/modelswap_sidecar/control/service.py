@@ -201,14 +201,19 @@ class ControlService:
         )
 
     async def unload_due(self) -> tuple[str, ...]:
-        """Unload every model whose grace period has run out; the uids unloaded. The
-        desired entries are saved once for the whole batch, written after the lock is
-        released (a set shrinking from thousands of entries must not rewrite the file per
-        model, nor keep PUT and DELETE waiting behind the writes)."""
-        saved = None
-        async with self._lock:
-            done = []
-            for uid in self._schedule.due(self._clock()):
+        """Unload every model whose grace period has run out; the uids unloaded.
+
+        The lock is taken per model, not for the whole batch: a set shrinking from
+        thousands of entries unloads thousands of models, and PUT and DELETE go on being
+        answered between them (a model a PUT brought back or a DELETE forgot meanwhile is
+        skipped). The desired entries are saved once for the batch, written after the lock
+        is released."""
+        done: list[str] = []
+        for uid in self._schedule.due(self._clock()):
+            async with self._lock:
+                deadline = self._schedule.deadlines.get(uid)
+                if deadline is None or deadline > self._clock():
+                    continue  # back in the set, or deleted, while earlier ones unloaded
                 try:
                     await self.backend.unload(uid)
                 except Exception:
@@ -218,9 +223,9 @@ class ControlService:
                 self._unloaded.add(uid)
                 done.append(uid)
                 logger.info("unloaded %s: missing from the desired set past its grace", uid)
-            if done:
+        if done:
+            async with self._lock:
                 saved = self.backend.save_desired()
-        if saved is not None:
             await _saved(saved)
         return tuple(done)
 
