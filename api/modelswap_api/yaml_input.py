@@ -19,12 +19,14 @@ refuses, naming the limit:
 - a key given twice in one mapping (kubectl refuses it too; PyYAML would keep the last one
   silently), naming the key and its line. Merge keys (`<<: *base`) overriding a merged
   key are not duplicates;
-- an integer longer than Python reads (`sys.get_int_max_str_digits()`, 4,300 digits),
-  naming its line;
+- a scalar its explicit tag's constructor cannot read (`!!timestamp 2024-13-45`,
+  `!!float x`) or an integer longer than Python reads (`sys.get_int_max_str_digits()`,
+  4,300 digits), naming its line;
 - a document holding a value JSON cannot hold, naming its field (`json_problem`): a date
   or timestamp (`name: 2024-01-01`: quote it), `!!binary` bytes, a `!!set`, an `!!omap` or
-  `!!pairs`, `.nan` or `.inf`, or a mapping key that is not a string (`1:`, `yes:`,
-  `2024-01-01:`). The API server holds JSON, so such a document could never be applied.
+  `!!pairs`, `.nan` or `.inf`, an integer of more than 4,300 digits (a hex literal), or a
+  mapping key that is not a string (`1:`, `yes:`, `2024-01-01:`). The API server holds
+  JSON, so such a document could never be applied.
   `read_text`/`read_file` refuse just that document (a `RefusedDocument`) and return the
   file's others; `load_text`/`load_file` refuse the file, naming the document.
 
@@ -87,21 +89,32 @@ class _Loader(_SafeLoader):  # type: ignore[valid-type,misc]
         result: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return result
 
-    def construct_bounded_int(self, node: ScalarNode) -> int:
-        """An int, or the refusal naming its line when it is longer than Python reads
-        (int() raises ValueError past `sys.get_int_max_str_digits()` digits: not a
-        YAMLError, so it would escape as a traceback)."""
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        """PyYAML's, with a scalar its tag's constructor cannot read (`!!timestamp
+        2024-13-45`, `!!float x`, `!!bool x`, an int longer than Python reads) refused naming
+        its line: those constructors raise ValueError, KeyError or AttributeError, which are
+        no YAMLError and would escape as a traceback."""
         try:
-            value: int = self.construct_yaml_int(node)
-        except ValueError:
-            raise YamlInputError(
-                f"line {node.start_mark.line + 1}: an integer longer than "
-                f"{sys.get_int_max_str_digits()} digits"
-            ) from None
-        return value
+            return super().construct_object(node, deep=deep)
+        except (YamlInputError, yaml.YAMLError):
+            raise
+        except (ValueError, KeyError, AttributeError, TypeError, OverflowError) as e:
+            raise YamlInputError(_unreadable(node)) from e
 
 
-_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_bounded_int)
+def _unreadable(node: Node) -> str:
+    line = node.start_mark.line + 1
+    tag = str(node.tag).removeprefix("tag:yaml.org,2002:")
+    text = str(node.value) if isinstance(node, ScalarNode) else ""
+    if tag == "int" and sum(c.isdigit() for c in text) > sys.get_int_max_str_digits() > 0:
+        return f"line {line}: an integer longer than {sys.get_int_max_str_digits()} digits"
+    shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+    return f"line {line}: {shown} cannot be read as !!{tag}"
+
+
+#: Python writes integers of at most this many decimal digits (`sys.set_int_max_str_digits`).
+_INT_DIGITS = sys.get_int_max_str_digits() or 4300
+_TOO_MANY_DIGITS = 10**_INT_DIGITS
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,10 @@ def _what_is_not_json(value: Any) -> str | None:
         return "an !!omap or !!pairs entry, which JSON cannot hold; give a mapping"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not a number JSON can hold"
+    if isinstance(value, int) and abs(value) >= _TOO_MANY_DIGITS:
+        # hex, octal and binary literals are read without int()'s digit limit, but such a
+        # number cannot be written in decimal (str() raises), so no message could show it
+        return f"an integer of more than {_INT_DIGITS} digits"
     if isinstance(value, (dict, list, str, int, float)) or value is None:
         return None  # bool is an int
     return f"a {type(value).__name__}, which JSON cannot hold"

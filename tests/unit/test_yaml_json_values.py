@@ -143,3 +143,41 @@ def test_json_values_pass_and_shared_collections_are_walked_once() -> None:
     assert json_problem(b"x") == "(document): !!binary bytes, which JSON cannot hold; give " + (
         "the base64 text as a string"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("!!timestamp 2024-13-45", "line 9: '2024-13-45' cannot be read as !!timestamp"),
+        ("!!timestamp 99999-01-01", "line 9: '99999-01-01' cannot be read as !!timestamp"),
+        ("!!float x", "line 9: 'x' cannot be read as !!float"),
+        ("!!bool x", "line 9: 'x' cannot be read as !!bool"),
+        ("!!int 1.5", "line 9: '1.5' cannot be read as !!int"),
+    ],
+)
+def test_a_scalar_its_tag_cannot_read_refuses_the_file_naming_its_line(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(GOOD.format(name="m", labels="").replace("32Mi", value))
+    out = io.StringIO()
+    assert validate_paths([path], out) == 1
+    assert out.getvalue().splitlines()[0] == f"{path}: file: {message}"
+    (tmp_path / "ok.yaml").write_text(GOOD.format(name="ok", labels=""))
+    models, problems = read_folder(tmp_path, BUILTIN_DEFAULTS)
+    assert [m.name for m in models] == ["ok"]
+    assert [str(p) for p in problems] == [f"{path}: file: {message}"]
+
+
+def test_a_hex_integer_past_what_python_can_write_is_refused_by_field(tmp_path: Path) -> None:
+    """int(x, 16) has no digit limit, but str() of the result raises: no message could
+    show it, and JSON has no use for it."""
+    path = _file(tmp_path, "  labels: {x: [0x" + "f" * 5000 + "]}\n")
+    out = io.StringIO()
+    assert validate_paths([path], out) == 1
+    assert "metadata.labels.x[0]: an integer of more than 4300 digits" in out.getvalue()
+    models, problems = read_folder(tmp_path, BUILTIN_DEFAULTS)
+    assert sorted(m.name for m in models) == ["first", "last"]
+    assert [p.message for p in problems] == [
+        "metadata.labels.x[0]: an integer of more than 4300 digits"
+    ]
