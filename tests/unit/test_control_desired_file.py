@@ -11,6 +11,7 @@ hold one at a barrier.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -40,8 +41,6 @@ from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from tests.support.waiting import until_on_loop
-
-pytestmark = pytest.mark.asyncio
 
 GRACE_SECONDS = 90.0
 SPEC = {"model": {"source": {"uri": "/models/mlp"}, "weightsBytes": "32Mi"}}
@@ -172,6 +171,7 @@ class Node:
         await self.actuator.close()
 
 
+@pytest.mark.asyncio
 async def test_a_large_set_shrinking_to_a_few_is_saved_once_not_per_unload(
     tmp_path: Path,
 ) -> None:
@@ -195,6 +195,7 @@ async def test_a_large_set_shrinking_to_a_few_is_saved_once_not_per_unload(
         await node.close()
 
 
+@pytest.mark.asyncio
 async def test_the_control_lock_is_not_held_while_the_file_is_written(tmp_path: Path) -> None:
     """While the batch's write is held at a barrier, a DELETE and a PUT still take the
     lock and act; the two later snapshots are written once, after the held one, and the
@@ -239,6 +240,7 @@ async def test_the_control_lock_is_not_held_while_the_file_is_written(tmp_path: 
         await node.close()
 
 
+@pytest.mark.asyncio
 async def test_a_deleted_model_stays_deleted_after_an_agent_restart(tmp_path: Path) -> None:
     """DELETE during the grace period (the operator's finalizer does not wait for it) did
     not rewrite desired.json: the restarted agent took the model back."""
@@ -265,6 +267,7 @@ async def test_a_deleted_model_stays_deleted_after_an_agent_restart(tmp_path: Pa
         await restarted.close()
 
 
+@pytest.mark.asyncio
 async def test_a_failed_save_is_a_503_and_a_retried_delete_saves(tmp_path: Path) -> None:
     """The write's failure is the client's answer (503 DesiredStoreUnavailable, the model
     is forgotten all the same); the retried DELETE, with nothing left to forget, still
@@ -298,3 +301,12 @@ async def test_a_failed_save_is_a_503_and_a_retried_delete_saves(tmp_path: Path)
         assert node.saved_uids() == {kept.uid}
     finally:
         await node.close()
+
+
+def test_a_saved_entry_past_the_generation_bound_is_not_taken_back(tmp_path: Path) -> None:
+    """An agent before the bound may have saved generation 2^70: taken back, every later
+    push of that uid would be `stale`. It is left out (logged); the others are taken."""
+    path = tmp_path / "desired.json"
+    huge = dataclasses.replace(desired_entry(0), generation=2**70)
+    save_entries(path, [huge, desired_entry(1)])
+    assert [e.uid for e in load_entries(path)] == [desired_entry(1).uid]

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from modelswap_api.control import DesiredEntry
+from modelswap_api.control import MAX_GENERATION, DesiredEntry
 from modelswap_sidecar.control.errors import DesiredStoreError
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ def save_entries(path: Path, entries: Sequence[DesiredEntry]) -> None:
 
 def load_entries(path: Path) -> list[DesiredEntry]:
     """The saved entries; none when the file is missing or unreadable (logged). An entry
-    this agent cannot read (an older agent saved it without its effective policy) is left
-    out, logged; the operator's next push brings it back."""
+    this agent cannot read (an older agent saved it without its effective policy, or with
+    a generation past `MAX_GENERATION`) is left out, logged; the operator's next push
+    brings it back."""
     try:
         doc = json.loads(path.read_text())
         if doc.get("version") != _VERSION:
@@ -65,9 +66,16 @@ def load_entries(path: Path) -> list[DesiredEntry]:
     entries: list[DesiredEntry] = []
     for i, doc in enumerate(saved):
         try:
-            entries.append(DesiredEntry.from_dict(doc))
+            entry = DesiredEntry.from_dict(doc)
         except (ValueError, KeyError, TypeError) as problem:
             log.warning("ignoring entry %d of %s: %s", i, path, problem)
+            continue
+        if not 1 <= entry.generation <= MAX_GENERATION:
+            # saved by an agent before the bound: taken back, it would make every later
+            # push of this uid `stale`
+            log.warning("ignoring entry %d of %s: generation %d", i, path, entry.generation)
+            continue
+        entries.append(entry)
     return entries
 
 
