@@ -42,6 +42,7 @@ from modelswap_sidecar.supervisor.restarts import (
     RestartHistory,
     RestartPolicy,
     after_exit,
+    give_up_note,
 )
 from modelswap_sidecar.supervisor.specs import ChildSpec, ExitStatus
 from modelswap_sidecar.supervisor.state_file import ChildState, SupervisorState, write_state
@@ -314,7 +315,14 @@ class Supervisor:
             return
         child.history = decision.history
         child.restart_at_seconds = self._clock() + decision.delay_seconds
-        log.info("restarting %s in %.2f s", child.spec.name, decision.delay_seconds)
+        # a warning, not a silent count: a crash a client caused counts towards giving up
+        # on the whole node as any other does
+        log.warning(
+            "restarting %s in %.2f s (%s)",
+            child.spec.name,
+            decision.delay_seconds,
+            give_up_note(self._policy, decision),
+        )
 
     def _finish_group(self, child: _Child) -> None:
         """Kill what is left of the exited child's group, wait for it, then clean up."""

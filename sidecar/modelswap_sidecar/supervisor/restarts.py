@@ -6,7 +6,11 @@ that ran for `healthy_after_seconds` before exiting starts over at the initial b
 When one child has been restarted `give_up_after_restarts` times within
 `give_up_window_seconds`, the supervisor gives up: it stops everything and exits non-zero,
 so the kubelet (or the user, in local mode) sees a crash loop instead of a node that only
-looks alive.
+looks alive. Every restart says what it counts towards (`give_up_note`): a child brought
+down by what a client sent (a request that crashes Triton) counts like any other crash, so
+the supervisor's log shows how close the node is to giving up, and the gateway logs and
+counts the requests Triton held when its connection broke
+(`modelswap_gateway_upstream_lost_total`), which names the likely cause.
 
 All times are seconds on one monotonic clock.
 """
@@ -57,6 +61,22 @@ class RestartHistory:
 class Restart:
     delay_seconds: float
     history: RestartHistory
+
+    @property
+    def restarts_in_window(self) -> int:
+        """Restarts within the give-up window, this one included."""
+        return len(self.history.restart_times)
+
+
+def give_up_note(policy: RestartPolicy, restart: Restart) -> str:
+    """What `restart` counts towards, for the log."""
+    limit = policy.give_up_after_restarts
+    if limit is None:
+        return f"restart {restart.restarts_in_window}; the supervisor never gives up"
+    return (
+        f"restart {restart.restarts_in_window} of {limit} allowed within "
+        f"{policy.give_up_window_seconds:g} s before the supervisor gives up"
+    )
 
 
 @dataclass(frozen=True)
