@@ -69,8 +69,9 @@ class ModelDirectory(Protocol):
         ...
 
     def request_started(self, uid: str) -> None:
-        """A request for the model was admitted (it serves it now): one more in flight,
-        which the policy reads (a model with requests in flight is not a victim)."""
+        """A request for the model was admitted (it serves it now) or queued for its
+        swap-in: one more in flight, which the policy reads (a model with requests in
+        flight is not an idle victim)."""
         ...
 
     def request_finished(self, uid: str) -> None:

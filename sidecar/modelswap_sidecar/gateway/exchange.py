@@ -94,7 +94,8 @@ class Exchange:
         self.gw.directory.record_request(self.route.uid, self.gw.clock())
 
     def _in_flight(self) -> None:
-        """Count the request in flight once it is admitted (`GatewayApp.handle` ends it)."""
+        """Count the request in flight once it is admitted or queued for the model's swap-in
+        (`GatewayApp.handle` ends it)."""
         if not self.call.admitted:
             self.call.admitted = True
             self.gw.directory.request_started(self.route.uid)
@@ -104,8 +105,11 @@ class Exchange:
         Raises QueueFullError before anything is sent; later errors too, unless a progress
         stream is open (then `fail` reports them in it)."""
         ticket = self.gw.queues.enter(self.route)
+        # a waiter counts as in flight from here: the model it waits for is not idle once
+        # swapped in, so no other swap-in takes it as an idle victim before the waiters
+        # reach Triton (issue 26, item 7), nor a dropped model reloading for them (item 4)
+        self._in_flight()
         if ticket is None:
-            self._in_flight()
             if self.progress:
                 await self.stream()
             return
@@ -115,7 +119,6 @@ class Exchange:
                 await self.stream()
             if self._stream is None:
                 await ticket.wait()
-                self._in_flight()
                 return
             interval = self.gw.settings.progress_interval_seconds
             await self._comment(f"swap-in queued position={ticket.position}")
@@ -125,7 +128,6 @@ class Exchange:
                 await self._comment(
                     f"swap-in {state} waited={waited:.1f}s position={ticket.position}"
                 )
-            self._in_flight()
             await self._comment(f"swap-in done waited={self.gw.queues.now() - started:.1f}s")
         finally:
             ticket.close()
