@@ -5,7 +5,9 @@ non-zero when any document is invalid, so it fits CI pipelines and pre-commit ho
 are read within the limits of `modelswap_api.yaml_input` (1 MiB, UTF-8, aliases, depth,
 no duplicate keys); a file refused by one is one line naming the file and the limit. A
 document holding a value JSON cannot hold (an unquoted date, `!!binary`, `!!set`, ...) is
-one problem naming its field; the file's other documents are checked.
+one problem naming its field; the file's other documents are checked. Every line is
+written through `terminal.printable`: a name or value holding escape codes shows them
+escaped instead of acting on the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from modelswap_api.resources import validate_resource
+from modelswap_api.terminal import printable
 from modelswap_api.yaml_input import RefusedDocument, YamlInputError, read_file
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -44,7 +47,7 @@ def validate_paths(paths: list[Path], out: TextIO) -> int:
             checked += 1
             for message in messages:
                 problems += 1
-                out.write(f"{file}: {label}: {message}\n")
+                out.write(printable(f"{file}: {label}: {message}") + "\n")
     if checked == 0 and problems == 0:
         out.write("no YAML documents found\n")
         return 1

@@ -170,6 +170,7 @@ def run_up_command(args: argparse.Namespace) -> int:
 
 
 def run_status_command(args: argparse.Namespace) -> int:
+    from modelswap_api.terminal import printable  # noqa: PLC0415
     from modelswap_sidecar.local.rundir import RunDir, pid_alive, read_json  # noqa: PLC0415
     from modelswap_sidecar.local.status import (  # noqa: PLC0415
         dev_lines,
@@ -208,6 +209,6 @@ def run_status_command(args: argparse.Namespace) -> int:
     for line in dev_lines(local, socket_path=str(state.get("agentSocket"))):
         print(line)
     for problem in state.get("problems", []):
-        print(f"skipped: {problem}")
+        print(printable(f"skipped: {problem}"))
     print(f"gateway: {state['gatewayUrl']}")
     return 0

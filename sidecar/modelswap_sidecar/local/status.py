@@ -9,7 +9,9 @@ carried the model. Below the table: why each `Pending` or `Failed` model is so (
 agent's reason and message, as `kubectl describe md` shows them), each model's last
 reload on change (`reloaded: toy 4s ago (1/model.py changed; host copy kept): completed
 Reloading`, 3 times in all), how to attach as each dev model, then the files local mode
-refused.
+refused. Every cell and line is written through `terminal.printable`: the names and
+messages come from the user's YAML and the agent, and a name holding escape codes shows
+them escaped instead of acting on the terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from modelswap_api.quantities import parse_bytes
+from modelswap_api.terminal import printable
 
 COLUMNS = ("NAME", "MODEL", "NODE", "PHASE", "RESIDENT", "LAST-REQUEST", "AGE")
 NONE = "<none>"
@@ -77,17 +80,16 @@ def rows(
             name = f"{info.get('namespace')}/{name}"
         last = parse_time(info.get("lastRequestTime"))
         applied = mine.get("appliedAt")
-        out.append(
-            (
-                name,
-                str(mine.get("model") or info.get("name")),
-                node_name if info.get("desired", True) else NONE,
-                str(info.get("phase", "")),
-                short_bytes(int(info.get("residentBytes") or 0)),
-                short_age(now_seconds - last) if last is not None else NONE,
-                short_age(now_seconds - float(applied)) if applied is not None else NONE,
-            )
+        row = (
+            name,
+            str(mine.get("model") or info.get("name")),
+            node_name if info.get("desired", True) else NONE,
+            str(info.get("phase", "")),
+            short_bytes(int(info.get("residentBytes") or 0)),
+            short_age(now_seconds - last) if last is not None else NONE,
+            short_age(now_seconds - float(applied)) if applied is not None else NONE,
         )
+        out.append(tuple(printable(cell) for cell in row))
     return out
 
 
@@ -104,7 +106,7 @@ def explanations(models: Sequence[Mapping[str, Any]]) -> list[str]:
             continue
         reason = info.get("reason") or "NoReason"
         message = info.get("message") or "the agent reported no reason"
-        out.append(f"{info.get('name')}: {phase} {reason}: {message}")
+        out.append(printable(f"{info.get('name')}: {phase} {reason}: {message}"))
     return out
 
 
@@ -127,9 +129,11 @@ def reload_lines(local: Sequence[Mapping[str, Any]], *, now_seconds: float) -> l
         count = int(note["count"])
         times = f", {count} times in all" if count > 1 else ""
         out.append(
-            f"reloaded: {model.get('name')} {short_age(now_seconds - float(note.get('at', 0)))}"
-            f" ago ({note.get('what')}; host copy {note.get('hostCopy')}{times}): "
-            f"{note.get('outcome')}"
+            printable(
+                f"reloaded: {model.get('name')} "
+                f"{short_age(now_seconds - float(note.get('at', 0)))} ago ({note.get('what')}; "
+                f"host copy {note.get('hostCopy')}{times}): {note.get('outcome')}"
+            )
         )
     return out
 
@@ -139,10 +143,10 @@ def dev_lines(local: Sequence[Mapping[str, Any]], *, socket_path: str) -> list[s
     dev = [m for m in local if m.get("dev")]
     if not dev:
         return []
-    out = [f"dev loop: export MODELSWAP_SOCKET={socket_path}"]
+    out = [printable(f"dev loop: export MODELSWAP_SOCKET={socket_path}")]
     for model in sorted(dev, key=lambda m: (m.get("namespace", ""), m.get("name", ""))):
         call = attach_call(str(model.get("engineName")), model.get("weightsBytes"))
-        out.append(f"dev: {model.get('name')}: {call}")
+        out.append(printable(f"dev: {model.get('name')}: {call}"))
     return out
 
 
