@@ -319,3 +319,22 @@ def test_a_failed_drain_waits_for_the_commit_beside_it_then_rolls_back_loaded(
     assert out.done_within(PROMPT_SECONDS)
     assert isinstance(out.error, Committing)
     assert m.state is S.RESIDENT and used(e) == 8 * MIB
+
+
+def test_a_commit_with_nothing_to_save_answers_at_once_and_the_swap_out_goes_on(
+    parts: Callable[[str], Engine],
+) -> None:
+    """A second commit of committed weights (no `replace`) during a drain saves nothing:
+    it answers at once and the swap-out is not called off for it."""
+    e = parts("")
+    m = reloading(e, "classify", drop=False)
+    m.instances["0"].committed = True
+    m.state = S.RESIDENT
+    out = swap_out(e, m)
+    wait_for(lambda: Op.QUIESCE in e.client.ops, 10, "the swap-out's quiesce")
+    again = commit(e, m)
+    assert again.done_within(PROMPT_SECONDS) and again.error is None, again.error
+    e.client.in_use_left.set()
+    assert out.done_within(PROMPT_SECONDS) and out.error is None, out.error
+    assert m.state is S.SWAPPED_OUT and used(e) == 0
+    assert e.client.ops == [Op.QUIESCE, Op.UNMAP]

@@ -162,6 +162,8 @@ class Attacher:
         # way); any other commit takes the lock, and a swap-out that finds it counted here
         # is refused before it drains (`Swapper.swap_out_locked`).
         with self.table.lock:
+            if inst.committed and not replace:  # nothing to save: no swap-out gives way
+                return reply_to(message, m.epoch, {"committed": True})
             joined = m.draining
             m.commits += 1
             if joined:
