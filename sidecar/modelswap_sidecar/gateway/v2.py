@@ -248,7 +248,7 @@ def _lost(exchange: Exchange, tail: str, error: UpstreamError) -> None:
     route = exchange.route
     exchange.gw.metrics.upstream_lost(route)
     logger.warning(
-        "Triton's connection broke while it held a %s request for %s/%s (%s); if Triton "
+        "Triton's connection broke while it held a request (%s) for %s/%s (%s); if Triton "
         "crashed, this request may be why",
         tail.lstrip("/"),
         route.namespace,
