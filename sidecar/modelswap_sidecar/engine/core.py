@@ -3,8 +3,10 @@ the swapper, recovery and the client protocol, and exposes what the agent, the p
 server and the tests call, reads included, so nothing outside the engine reads records.
 
 Thread model: each model has an operation lock held for a whole operation (swap-in,
-swap-out, attach, commit, readopt, removal); each GPU has an allocation lock (the
-ledger's) held by swap-ins and attaches so two of them on one GPU never evict each other;
+swap-out, attach, commit, readopt, removal; a commit that comes in while a swap-out
+drains the model runs beside it instead, `Attacher.commit`); each GPU has an allocation
+lock (the ledger's) held by swap-ins and attaches so two of them on one GPU never evict
+each other;
 the table's lock guards records for short mutations and the state file. Client round
 trips never hold the table's lock. Operations run on their callers' threads (the agent's
 worker threads; a connection's handler threads for client requests, `engine/server.py`);
