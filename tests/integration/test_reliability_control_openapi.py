@@ -181,7 +181,8 @@ def test_generated_requests_get_documented_answers_and_refusals_change_nothing(
         "inputs",
         input=f"control API (OpenAPI-generated): {method.upper()} {template}"
         f"{' with a body' if body is not None else ''}",
-        limit="token, Uid pattern, body limits (16 MiB, depth 32, encoding), schema, CEL",
+        limit="token, Uid pattern, body limits (16 MiB, depth 32, encoding), schema, CEL, "
+        "revision <= 2^53-1, generation <= 2^63-1",
         outcome=str(status),
         answered_seconds=round(seconds, 4),
     )

@@ -63,12 +63,14 @@ class NoEngine:
 
 
 class UnloadingLoader:
-    """Unloads instantly, counting."""
+    """Unloads at once, counting; yields to the loop once, as a real unload (awaiting
+    Triton) does."""
 
     def __init__(self) -> None:
         self.unloaded: list[str] = []
 
     async def unload(self, model: AgentModel, *, release_source: bool = True) -> None:
+        await asyncio.sleep(0)
         self.unloaded.append(model.uid)
 
 

@@ -17,13 +17,16 @@ from typing import Any
 import aiohttp
 import pytest
 
+from modelswap_api.control import MAX_ENTRIES
 from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 from tests.support.reliability import record
+from tests.support.waiting import until_on_loop
 from tests.unit.test_control_api import AUTH, desired, entry
+from tests.unit.test_control_desired_file import GRACE_SECONDS, CountingWriter, Node
 from tests.unit.test_reliability_gateway_bodies import bomb
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,4 +213,85 @@ async def test_checking_a_large_desired_set_leaves_the_event_loop_to_others(
         limit="MAX_ENTRIES 4,096; checked in a thread, not the event loop",
         outcome=f"200 in {seconds:.2f} s; GET /v1/node slowest meanwhile {max(during):.3f} s",
         answered_seconds=round(seconds, 3),
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("revision", "generation", "field"),
+    [
+        ({"term": 2**63, "counter": 0}, 1, "revision.term"),
+        ({"term": 1, "counter": 2**64}, 1, "revision.counter"),
+        ({"term": 1, "counter": 1}, 2**70, "entries[0].generation"),
+    ],
+    ids=["term-2^63", "counter-2^64", "generation-2^70"],
+)
+async def test_a_revision_or_generation_past_its_bound_is_refused_and_the_node_takes_the_next(
+    tmp_path: Path, revision: dict[str, int], generation: int, field: str
+) -> None:
+    """Issue 26, item 8: these were taken and stored, and every later push was refused as
+    older (the node stuck). Now a 400 naming the field; the next ordinary push is taken."""
+    uid = "00000000-0000-4000-8000-00000000000a"
+    body = {"revision": revision, "entries": [entry(uid, generation=generation)]}
+    value = max([*revision.values(), generation])
+    async with served(tmp_path) as s, aiohttp.ClientSession(headers=AUTH) as http:
+        started = time.monotonic()
+        async with http.put(s.url + "/v1/desired", json=body) as r:
+            answer = await r.json()
+        seconds = time.monotonic() - started
+        assert (r.status, answer["field"]) == (400, field), answer
+        async with http.put(s.url + "/v1/desired", json=desired(1, 0, entry(uid))) as r:
+            assert r.status == 200, await r.text()
+        assert s.service.revision is not None and s.service.revision.term == 1
+    record(
+        "inputs",
+        input=f"control API: PUT /v1/desired with {field} = {value}",
+        limit="term and counter <= 2^53-1, generation <= 2^63-1; never stored",
+        outcome=f"400 naming {field}; the next push (term 1) taken",
+        answered_seconds=round(seconds, 4),
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_desired_set_shrinking_from_4096_to_10_writes_the_file_once(
+    tmp_path: Path,
+) -> None:
+    """Issue 26, item 8: 4,096 entries shrinking to 10 rewrote the 7 MB desired.json on
+    each of 4,086 unloads with the control lock held (PUT and DELETE timed out). The real
+    agent backend (stand-in engine): one write for the batch, a DELETE answered during it."""
+    writer = CountingWriter()
+    node = Node(tmp_path, MAX_ENTRIES, writer)
+    try:
+        await node.push(node.entries)
+        await node.push(node.entries[:10])
+        file_bytes = node.desired_file.stat().st_size
+        before = writer.writes
+        node.clock.now_seconds += GRACE_SECONDS
+        started = time.monotonic()
+        unloading = asyncio.create_task(node.service.unload_due())
+        await until_on_loop(lambda: len(node.loader.unloaded) >= 100, "unloads to start", 60.0)
+        asked = time.monotonic()
+        answer = await asyncio.wait_for(node.service.delete(node.entries[-1].uid), 30.0)
+        delete_seconds = time.monotonic() - asked
+        assert not unloading.done()  # answered during the batch, not after it
+        unloaded = await asyncio.wait_for(unloading, 300.0)
+        seconds = time.monotonic() - started
+    finally:
+        await node.close()
+    assert answer.reason == "Forgotten"
+    assert len(unloaded) == MAX_ENTRIES - 11  # the batch skipped the one deleted meanwhile
+    batch_writes = writer.writes - before
+    assert batch_writes <= 2, writer.sizes[before:]  # the batch's, and the DELETE's
+    assert node.saved_uids() == {e.uid for e in node.entries[:10]}
+    record(
+        "inputs",
+        input=f"control API: a desired set of {MAX_ENTRIES} entries shrinking to 10 "
+        f"(desired.json {file_bytes / 1e6:.1f} MB), unloaded after the grace period",
+        limit="desired.json saved once per change, written outside the control lock; "
+        "the lock taken per unload",
+        outcome=f"{len(unloaded)} unloads in {seconds:.1f} s, {batch_writes} file writes "
+        f"(was one per unload); a DELETE meanwhile answered in {delete_seconds:.3f} s",
+        answered_seconds=round(delete_seconds, 4),
     )
