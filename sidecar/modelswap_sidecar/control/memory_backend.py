@@ -56,7 +56,6 @@ class InMemoryBackend:
         self._budgets = dict(gpu_budgets)
         self._records: dict[str, _Record] = {}
         self.unloaded: list[str] = []  # every unload call, in order (for tests)
-        self.saves = 0  # save_desired calls (for tests)
 
     def used_bytes(self, gpu: str) -> int:
         return sum(
@@ -100,8 +99,7 @@ class InMemoryBackend:
         return self._records.pop(uid, None) is not None
 
     def save_desired(self) -> asyncio.Future[None]:
-        """Nothing to save (nothing outlives the process); counted for tests."""
-        self.saves += 1
+        """Nothing to save: nothing of this backend outlives the process."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

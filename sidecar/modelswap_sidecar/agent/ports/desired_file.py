@@ -99,8 +99,6 @@ class DesiredFileWriter:
         #: the newest snapshot not yet being written, and everyone waiting on it
         self._pending: tuple[Sequence[DesiredEntry], list[asyncio.Future[None]]] | None = None
         self._task: asyncio.Task[None] | None = None
-        #: snapshots written so far (for logs and tests)
-        self.writes = 0
 
     def submit(self, entries: Sequence[DesiredEntry]) -> asyncio.Future[None]:
         """Queue `entries` (a snapshot the caller no longer changes) to be written."""
@@ -129,7 +127,6 @@ class DesiredFileWriter:
             error: Exception | None = None
             try:
                 await asyncio.to_thread(self._write, self.path, entries)
-                self.writes += 1
             except Exception as e:  # the file is a restart cache: say so, keep serving
                 error = e
                 log.error("cannot write %s (%d entries): %s", self.path, len(entries), e)
