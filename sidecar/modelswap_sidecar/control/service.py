@@ -311,5 +311,5 @@ class ControlService:
 
 async def _saved(saved: asyncio.Future[None]) -> None:
     """Wait, outside the control lock, for a snapshot to be saved. Shielded: a client that
-    goes away cancels its own wait, never the write others wait on too."""
+    goes away cancels only its wait; the write goes on, and its outcome is still logged."""
     await asyncio.shield(saved)
