@@ -38,14 +38,18 @@ Restore after a kill, real models (the node's own recovery, nothing driven by th
   ratio is what the host copy saves. (A cold start of a plain Triton would add the
   server's own start and leave out the node's detection.)
 Timed from the kill until the first correct answer through the gateway; a request goes
-out only once the agent has seen the death (see NOTES). Alternated each repetition with
-the stub environment's own cost of importing torch and transformers (a fresh Python).
+out only once the agent has seen the death (see NOTES). Alternated each repetition with a
+look inside a new stub (bench/standalone/stub_phases.py, a fresh Python of the stub's
+environment): its torch and transformers imports, its first build of the model (which
+imports the modeling code), and `from_pretrained` loading the files vs binding a host copy
+— the one step where the two paths differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import mmap
 import os
 import signal
@@ -89,13 +93,19 @@ MODELS = ("mlp", "tinylm", "big", "embed", "tinyllama")
 RECOVERY_LIMIT_SECONDS = 300.0
 #: how often the first request after a kill is tried again while the gateway refuses it
 POLL_SECONDS = 0.05
-#: what every real model's stub imports before it can build its model (a fresh Python of
-#: the stub's environment, so the figure is the import alone, nothing cached)
+#: where a new stub's time goes (bench/standalone/stub_phases.py, run by the stub
+#: environment's Python): imports, the first build, from_pretrained loading vs binding
 STUB_PYTHON = ROOT / ".venv-triton" / "bin" / "python"
-STUB_IMPORTS = (
-    "import torch, transformers; "
-    "from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer"
-)
+STUB_PHASES = Path(__file__).resolve().parent / "standalone" / "stub_phases.py"
+#: the transformers class each real example's model.py builds
+MODEL_CLASSES = {"embed": "AutoModel", "tinyllama": "AutoModelForCausalLM"}
+#: stub_phases.py's figures, each a result row of its own: name -> its key in the output
+STUB_PHASE_ROWS = {
+    "stub_imports": "imports_seconds",
+    "stub_first_build": "first_build_seconds",
+    "stub_load_from_files": "load_seconds",
+    "stub_bind_host_copy": "bind_seconds",
+}
 #: the client library's log line when a stub finds the host copy stale and reads its files
 LOADING_AFRESH = "loading afresh"
 
@@ -155,7 +165,7 @@ def run(
             for case in chosen:
                 if case.real:
                     rows += _run_restore(case, real_reps, node, root)
-                    print(_restore_line(rows[-3:]), flush=True)
+                    print(_restore_line(rows[-2 - len(STUB_PHASE_ROWS) :]), flush=True)
     minutes = (time.perf_counter() - began) / 60
     notes.append(
         f"This run ({', '.join(c.name for c in chosen)}; {reps} repetitions of the toys' "
@@ -317,11 +327,20 @@ def _kill_to_answer(node: Any, case: ModelCase) -> float:
         return elapsed
 
 
-def _stub_imports_seconds() -> float:
-    """A fresh Python of the stub's environment importing torch and transformers."""
-    started = time.perf_counter()
-    subprocess.run([str(STUB_PYTHON), "-c", STUB_IMPORTS], check=True, capture_output=True)
-    return time.perf_counter() - started
+def _stub_phases(case: ModelCase, folder: Path) -> dict[str, float]:
+    """Where a new stub of `case` spends its time (stub_phases.py in a fresh Python of the
+    stub's environment, over the model's Hugging Face folder `folder`)."""
+    import modelswap_client  # noqa: PLC0415 - only to name the real package's folder
+
+    real = str(Path(modelswap_client.__file__).resolve().parent)
+    command = [str(STUB_PYTHON), str(STUB_PHASES), real, MODEL_CLASSES[case.name], str(folder)]
+    done = subprocess.run(
+        [*command, str(case.weights_bytes)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{case.name}: stub_phases.py failed: {done.stderr[-2000:]}")
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def _run_restore(case: ModelCase, reps: int, node: Any, root: Path) -> list[dict[str, Any]]:
@@ -332,10 +351,10 @@ def _run_restore(case: ModelCase, reps: int, node: Any, root: Path) -> list[dict
     away.mkdir(parents=True)
     restore: list[float] = []
     fresh: list[float] = []
-    imports: list[float] = []
+    phases: dict[str, list[float]] = {name: [] for name in STUB_PHASE_ROWS}
     for rep in range(reps):
         for which in (
-            ("restore", "fresh", "imports") if rep % 2 == 0 else ("imports", "fresh", "restore")
+            ("restore", "fresh", "phases") if rep % 2 == 0 else ("phases", "fresh", "restore")
         ):
             stale_before = _afresh_lines(node, case)
             if which == "restore":
@@ -362,41 +381,47 @@ def _run_restore(case: ModelCase, reps: int, node: Any, root: Path) -> list[dict
                     f"{case.name}'s stub to log that it loaded afresh",
                 )
             else:
-                imports.append(_stub_imports_seconds())
+                figures = _stub_phases(case, hf_folder(root, case.name))
+                for name, key in STUB_PHASE_ROWS.items():
+                    phases[name].append(figures[key])
     params = {"model": case.name, "model_bytes": case.total_bytes, "reps": reps}
     med = statistics.median
+    metrics: dict[str, float] = {
+        "speedup_vs_fresh_load": med(fresh) / med(restore),
+        "paired_speedup_vs_fresh_load": med(f / r for f, r in zip(fresh, restore, strict=True)),
+        **{f"{name}_seconds": med(samples) for name, samples in phases.items()},
+        **results_schema.spread(restore),
+    }
     return [
-        results_schema.result(
-            "restore_after_kill_to_answer",
-            params,
-            restore,
-            speedup_vs_fresh_load=med(fresh) / med(restore),
-            paired_speedup_vs_fresh_load=med(f / r for f, r in zip(fresh, restore, strict=True)),
-            stub_imports_seconds=med(imports),
-            **results_schema.spread(restore),  # type: ignore[arg-type]
-        ),
+        results_schema.result("restore_after_kill_to_answer", params, restore, **metrics),  # type: ignore[arg-type]
         results_schema.result(
             "fresh_load_after_kill_to_answer",
             params,
             fresh,
             **results_schema.spread(fresh),  # type: ignore[arg-type]
         ),
-        results_schema.result(
-            "stub_imports",
-            params,
-            imports,
-            **results_schema.spread(imports),  # type: ignore[arg-type]
+        *(
+            results_schema.result(
+                name,
+                params,
+                samples,
+                **results_schema.spread(samples),  # type: ignore[arg-type]
+            )
+            for name, samples in phases.items()
         ),
     ]
 
 
 def _restore_line(rows: list[dict[str, Any]]) -> str:
-    restore, fresh, imports = rows
+    restore, fresh = rows[:2]
+    m = restore["metrics"]
     return (
         f"{restore['params']['model']:9s} {restore['params']['model_bytes'] / MIB:6.0f} MiB  "
         f"restore after kill {restore['median']:6.2f} s  fresh load after kill "
-        f"{fresh['median']:6.2f} s  stub imports {imports['median']:6.2f} s  "
-        f"speedup {restore['metrics']['speedup_vs_fresh_load']:.2f}x"
+        f"{fresh['median']:6.2f} s  speedup {m['speedup_vs_fresh_load']:.2f}x  in a new stub: "
+        f"imports {m['stub_imports_seconds']:.2f} s, first build "
+        f"{m['stub_first_build_seconds']:.2f} s, load {m['stub_load_from_files_seconds']:.3f} s "
+        f"vs bind {m['stub_bind_host_copy_seconds']:.3f} s"
     )
 
 
@@ -436,9 +461,13 @@ NOTES = [
     "reads the safetensors again and commits them (its 'loading afresh' log line checked). "
     "Both timed from the kill to the first correct answer through the gateway, the same "
     "node path apart from binding vs reading the files: the ratio is what the host copy "
-    "saves. stub_imports: a fresh Python of the stub's environment importing torch and "
-    "transformers' Auto classes, the floor every new stub pays before it can bind or load. "
-    "The three alternate in order every repetition.",
+    "saves. Inside a new stub (bench/standalone/stub_phases.py: a fresh Python of the "
+    "stub's environment, the stand-in attachment, no agent): stub_imports, importing torch "
+    "and transformers' Auto classes; stub_first_build, the first build of the model on the "
+    "meta device (transformers imports its modeling code then); stub_load_from_files and "
+    "stub_bind_host_copy, from_pretrained reading the safetensors into the region vs binding "
+    "bytes already there (reported restored with their fingerprint): the one step where "
+    "restore and fresh load differ. The three alternate in order every repetition.",
     "After a kill the bench sends its first request only once the agent has seen the stub "
     "die (its model no longer Resident, a fraction of a second later): a request that "
     "reached the dead stub before that was answered 500 by Triton, and Triton's unload of "

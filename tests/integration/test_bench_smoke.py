@@ -49,7 +49,8 @@ def test_compare_measures_every_path_for_every_model() -> None:
         assert "unload+load" in line and "one-at-a-time" in line
     for model in ("embed", "tinyllama"):
         line = next(x for x in lines if x.startswith(f"{model} ") and "restore" in x)
-        assert "fresh load after kill" in line and "stub imports" in line
+        assert "fresh load after kill" in line and "in a new stub: imports" in line
+        assert "load" in line and "vs bind" in line
     assert not any(x.startswith(("mlp ", "tinylm ", "big ")) and "restore" in x for x in lines)
     assert "modelswap-bench-compare-" not in _left("modelswap-bench-compare-")
     assert "modelswap-bench-models-" not in _left("modelswap-bench-models-")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import signal
 import subprocess
@@ -82,6 +83,53 @@ def test_the_stand_in_loads_a_hugging_face_model_from_its_files_as_without_model
             assert torch.equal(model(ids).logits, plain(ids).logits)
     finally:
         att.close()
+
+
+def stub_phases_module() -> Any:
+    """bench/standalone/stub_phases.py as a module (importing it runs nothing)."""
+    path = Path(local_node.__file__).parent / "standalone" / "stub_phases.py"
+    spec = importlib.util.spec_from_file_location("stub_phases", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_binding_is_timed_only_when_the_host_copy_binds(stand_in: Any) -> None:
+    pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    client = importlib.import_module("modelswap_client.client")
+    mstorch = importlib.import_module("modelswap_client.torch")
+    phases = stub_phases_module()
+    fresh = client.attach("fresh", [client.RegionSpec("weights", 3 * MIB)])
+    try:
+        mstorch.from_pretrained(fresh, AutoModelForCausalLM, reference.TINYLLAMA_DIR)
+        seconds = phases.timed_bind(
+            client, mstorch, AutoModelForCausalLM, reference.TINYLLAMA_DIR, fresh
+        )
+        assert 0 < seconds < 60
+        # bytes committed by another layout: from_pretrained loads afresh, which is no bind
+        fresh.fingerprint = "v1;layout=another;source="
+        with pytest.raises(RuntimeError, match="did not bind"):
+            phases.timed_bind(client, mstorch, AutoModelForCausalLM, reference.TINYLLAMA_DIR, fresh)
+    finally:
+        fresh.close()
+
+
+@pytest.mark.slow
+def test_a_new_stub_s_phases_are_measured_in_the_stub_environment() -> None:
+    if not compare.STUB_PYTHON.exists():
+        pytest.skip("no stub environment (.venv-triton): make setup")
+    figures = compare._stub_phases(TINYLLAMA, reference.TINYLLAMA_DIR)
+    assert set(figures) == set(compare.STUB_PHASE_ROWS.values())
+    assert all(0 < v < 120 for v in figures.values()), figures
+    too_small = ModelCase("tinyllama", "tinyllama", 64 * 1024)
+    with pytest.raises(
+        RuntimeError, match=r"(?s)stub_phases\.py failed.*weightsBytes to at least 3Mi"
+    ):
+        compare._stub_phases(too_small, reference.TINYLLAMA_DIR)
 
 
 def test_the_plain_model_py_imports_the_stand_in_after_its_future_imports() -> None:

@@ -178,6 +178,9 @@ def compare_doc_with_a_real_model() -> dict[str, Any]:
         [14.0, 15.0, 16.0],
         speedup_vs_fresh_load=1.04,
         stub_imports_seconds=9.5,
+        stub_first_build_seconds=4.25,
+        stub_load_from_files_seconds=0.5,
+        stub_bind_host_copy_seconds=0.0625,
     )
     return {
         **base,
@@ -190,6 +193,9 @@ def compare_doc_with_a_real_model() -> dict[str, Any]:
             restore,
             results_schema.result("fresh_load_after_kill_to_answer", params, [15.6]),
             results_schema.result("stub_imports", params, [9.5]),
+            results_schema.result("stub_first_build", params, [4.25]),
+            results_schema.result("stub_load_from_files", params, [0.5]),
+            results_schema.result("stub_bind_host_copy", params, [0.0625]),
         ],
     }
 
@@ -201,7 +207,9 @@ def test_compare_gives_a_real_model_s_restore_after_a_kill_beside_a_fresh_load()
     swap = next(line for line in lines if line.startswith("| embed | 87 MiB | 300.0 ms"))
     assert "| 12.0 s | 270.0 ms | 40.0 | 0.90 |" in swap
     restore = next(line for line in lines if line.startswith("| embed | 87 MiB | 15.00 s"))
-    assert restore == "| embed | 87 MiB | 15.00 s | 15.60 s | 1.04 | 9.50 s |"
+    assert restore == (
+        "| embed | 87 MiB | 15.00 s | 15.60 s | 1.04 | 9.50 s | 4.25 s | 0.500 s | 0.062 s |"
+    )
     # the toy model has no restore rows: it is in the first table only
     assert sum(1 for line in lines if line.startswith("| big ")) == 1
 
