@@ -166,6 +166,7 @@ def run(
                 if case.real:
                     rows += _run_restore(case, real_reps, node, root)
                     print(_restore_line(rows[-2 - len(STUB_PHASE_ROWS) :]), flush=True)
+                    notes.append(_restore_note(rows[-2 - len(STUB_PHASE_ROWS) :]))
     minutes = (time.perf_counter() - began) / 60
     notes.append(
         f"This run ({', '.join(c.name for c in chosen)}; {reps} repetitions of the toys' "
@@ -410,6 +411,33 @@ def _run_restore(case: ModelCase, reps: int, node: Any, root: Path) -> list[dict
             for name, samples in phases.items()
         ),
     ]
+
+
+def _restore_note(rows: list[dict[str, Any]]) -> str:
+    """What the host copy saved after a kill, in this run's figures."""
+    restore, fresh = rows[:2]
+    m = restore["metrics"]
+    saved = m["stub_load_from_files_seconds"] - m["stub_bind_host_copy_seconds"]
+    r, f = sorted(restore["samples"]), sorted(fresh["samples"])
+    noise = max(r[-1] - r[0], f[-1] - f[0])  # how much one path's repetitions differ
+    return (
+        f"{restore['params']['model']}: restore after a kill {restore['median']:.2f} s vs "
+        f"fresh load {fresh['median']:.2f} s ({m['speedup_vs_fresh_load']:.2f}x). Both paths "
+        f"start a new stub, which spent {m['stub_imports_seconds']:.2f} s importing torch and "
+        f"transformers and {m['stub_first_build_seconds']:.2f} s on the model's first build; "
+        f"the one step that differs, from_pretrained, took {m['stub_load_from_files_seconds']:.3f}"
+        f" s loading the files vs {m['stub_bind_host_copy_seconds']:.3f} s binding the host "
+        f"copy: the host copy saves about {saved:.2f} s ({saved / fresh['median']:.0%} of the "
+        f"fresh load), less than one path's repetitions differ here (restore {r[0]:.1f} to "
+        f"{r[-1]:.1f} s, fresh load {f[0]:.1f} to {f[-1]:.1f} s)."
+        if saved < noise
+        else f"{restore['params']['model']}: restore after a kill {restore['median']:.2f} s "
+        f"vs fresh load {fresh['median']:.2f} s ({m['speedup_vs_fresh_load']:.2f}x); inside a "
+        f"new stub from_pretrained took {m['stub_load_from_files_seconds']:.3f} s loading the "
+        f"files vs {m['stub_bind_host_copy_seconds']:.3f} s binding the host copy, after "
+        f"{m['stub_imports_seconds']:.2f} s of imports and {m['stub_first_build_seconds']:.2f}"
+        " s of first build that both paths pay."
+    )
 
 
 def _restore_line(rows: list[dict[str, Any]]) -> str:
