@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -37,6 +38,7 @@ def infers(w: World) -> list[str]:
 @pytest.mark.asyncio
 async def test_the_crashing_shape_is_a_400_naming_the_input_before_any_swap_in() -> None:
     async with world(resident=False) as w:
+        started = time.monotonic()
         for _ in range(3):
             status, body, _ = await w.post(PATH, CRASHER, **HOST)
             assert status == 400 and body["reason"] == "BadRequest"
@@ -44,6 +46,10 @@ async def test_the_crashing_shape_is_a_400_naming_the_input_before_any_swap_in()
         assert not w.directory.swap_ins and w.triton.calls == []
         labels = {"uid": BERT.uid, "namespace": "team-a", "model": "bert"}
         assert w.served.metric("modelswap_gateway_requests_total", **labels, code="400") == 3
+    record("inputs", input='gateway v2 infer {"shape": [1000000, 1000000], "data": [1]}',
+           limit="each input's shape against the data the body carries",
+           outcome=f"400: {body['error'][:100]} (no swap-in, nothing sent to Triton)",
+           answered_seconds=round((time.monotonic() - started) / 3, 4))  # fmt: skip
 
 
 BODIES = [
@@ -66,11 +72,15 @@ async def test_odd_bodies_are_a_400_with_a_reason_and_start_no_swap_in(
 ) -> None:
     """Triton answered these 500 (its JSON parser's message), after a swap-in."""
     async with world(resident=False) as w:
+        started = time.monotonic()
         status, body = await post_raw(w, path, data, {**HOST, "Content-Type": "application/json"})
+        seconds = time.monotonic() - started
         assert status == 400 and words in body["error"], body
         assert not w.directory.swap_ins and w.triton.calls == []
-    record("inputs", input=f"gateway {path}: {data[:32]!r}", limit="a v2 body is a JSON object",
-           outcome=f"{status}: {body['error'][:80]}", answered_seconds=None)  # fmt: skip
+    record("inputs", input=f"gateway {path}: {data[:32]!r}",
+           limit="a v2 body is a JSON object whose inputs' data is all in it; no shared memory",
+           outcome=f"{status}: {body['error'][:80]} (no swap-in, nothing sent to Triton)",
+           answered_seconds=round(seconds, 3))  # fmt: skip
 
 
 @pytest.mark.asyncio
@@ -133,11 +143,13 @@ async def test_odd_header_values_are_a_400_not_the_gateways_500(header: bytes, w
     async with world() as w:
         data = json.dumps(infer_body([1])).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", w.served.url.split(":")[-1])
+        started = time.monotonic()
         writer.write(b"POST /v2/models/bert/infer HTTP/1.1\r\nHost: bert.team-a.svc\r\n")
         writer.write(header + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(data))
         writer.write(data)
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), 5)
+        seconds = time.monotonic() - started
         writer.close()
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400 "), answer
@@ -145,7 +157,8 @@ async def test_odd_header_values_are_a_400_not_the_gateways_500(header: bytes, w
         assert infers(w) == []
     record("inputs", input=f"gateway header {header.strip()[:48]!r}",
            limit="forwarded header values in Latin-1; header length ASCII digits",
-           outcome=f"400: {json.loads(body)['error'][:80]}", answered_seconds=None)  # fmt: skip
+           outcome=f"400: {json.loads(body)['error'][:80]}",
+           answered_seconds=round(seconds, 3))  # fmt: skip
 
 
 class _BrokenContent:
