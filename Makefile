@@ -82,7 +82,7 @@ bench-grid: setup ## the simulator's sensitivity grid: zipf alpha x link x rate 
 	$(BIN)/python -m bench.render
 
 .PHONY: bench-compare bench-gateway bench-operator bench
-bench-compare: setup ## (also part of bench-swap) swap-in to first correct answer vs Triton unload+load vs one-at-a-time restore (embed, tinyllama, mlp, tinylm, a generated 1 GiB model), and the real models' restore after a kill vs a fresh load (~11 min on 2 cores); writes bench/results, docs/BENCHMARKS.md
+bench-compare: setup ## (also part of bench-swap) swap-in to first correct answer vs Triton unload+load vs one-at-a-time restore (embed, tinyllama, mlp, tinylm, a generated 1 GiB model), and the real models' restore after a kill vs a fresh load (7-10 min on 2 cores); writes bench/results, docs/BENCHMARKS.md
 	$(BIN)/python -m bench.compare
 	$(BIN)/python -m bench.render
 
