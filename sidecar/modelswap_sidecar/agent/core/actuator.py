@@ -41,6 +41,7 @@ from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import NodeView, Residency
+from modelswap_sidecar.policy.load_order import load_order
 from modelswap_sidecar.triton.errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -313,12 +314,17 @@ class Actuator:
 
     def reconcile(self, *, fenced: bool = False, order: Sequence[AgentModel] = ()) -> None:
         """Place every desired model that waits for a place (pending, deferred, failed and
-        due for a retry), those in `order` first and in that order; while `fenced`, each
-        is deferred instead."""
+        due for a retry), those in `order` first and in that order, then the others in the
+        policy's `load_order` (pinned first, then by priority: a model deferred after a
+        Triton restart is placed before less important ones on later ticks too); while
+        `fenced`, each is deferred instead."""
         now = self.clock()
         self._placing = None  # this pass's view, made at its first placement
         first = {m.uid for m in order}
-        models = [*order, *(m for m in self.records.values() if m.uid not in first)]
+        rest = load_order(
+            (m for m in self.records.values() if m.uid not in first), lambda m: m.policy
+        )
+        models = [*order, *rest]
         each_record(models, "place", lambda model: self._reconcile(model, now, fenced))
 
     def _reconcile(self, model: AgentModel, now: float, fenced: bool) -> None:
@@ -670,16 +676,22 @@ class Actuator:
     def reload_all(self) -> int:
         """Triton restarted: load again every model it served (from the host store; stubs
         restore), placed one by one as the HBM budget allows (`reconcile`: the policy picks
-        victims, the rest wait and are placed on later ticks). The number marked."""
+        victims, the rest wait and are placed on later ticks) in `_reload_order`, so a
+        pinned model is never the one left without room. The number marked."""
         order = self._reload_order()
         marked = sum(each_record(order, "reload", self._reload_one))
         self.reconcile(order=order)
         return marked
 
     def _reload_order(self) -> list[AgentModel]:
-        """Models that were swapped out first, those that were resident last: each load
-        maps the model (its attach restores it), and the last ones placed stay resident."""
-        return sorted(self.records.values(), key=lambda m: m.resident_since_seconds is not None)
+        """The policy's `load_order` (pinned first, then by priority, highest first); among
+        equals, models that were swapped out first and those that were resident last (each
+        load maps the model, its attach restores it, and the last ones placed stay
+        resident), then by uid (the records' order is the order they were pushed in)."""
+        by_residency = sorted(
+            self.records.values(), key=lambda m: (m.resident_since_seconds is not None, m.uid)
+        )
+        return load_order(by_residency, lambda m: m.policy)
 
     def _reload_one(self, model: AgentModel) -> int:
         if model.serving is Serving.FAILED:
