@@ -47,7 +47,10 @@ class Node:
                     timeout_seconds=60,
                 )
             except ClientError as e:
-                if "already connected" not in str(e) or time.monotonic() > deadline:
+                if (
+                    not ("already connected" in str(e) or "already attached" in str(e))
+                    or time.monotonic() > deadline
+                ):
                     raise
                 time.sleep(0.05)
 

@@ -33,8 +33,10 @@ def _shm(pattern: str) -> set[Path]:
 
 
 def _left(pattern: str) -> str:
+    """Processes of this checkout (its virtualenvs' paths in their command lines) matching
+    `pattern`: a bench run from another checkout on the same machine is not this one's."""
     found = subprocess.run(["pgrep", "-af", pattern], check=False, capture_output=True, text=True)
-    return found.stdout
+    return "".join(line for line in found.stdout.splitlines(True) if str(ROOT) in line)
 
 
 @pytest.mark.timeout(720)

@@ -58,7 +58,10 @@ def _attach(agent: AgentProc, weights_bytes: int = 4 * MIB) -> Attachment:
         try:
             return attach(MODEL, [RegionSpec("weights", weights_bytes)], socket_path=agent.socket)
         except ClientError as e:
-            if "already connected" not in str(e) or time.monotonic() > deadline:
+            if (
+                not ("already connected" in str(e) or "already attached" in str(e))
+                or time.monotonic() > deadline
+            ):
                 raise
             time.sleep(0.05)
 

@@ -13,7 +13,8 @@ PACKAGES = {
     "modelswap_client": ROOT / "client" / "modelswap_client",
 }
 # What client code may import lazily, at use, beside the standard library.
-CLIENT_OPTIONAL = {"numpy", "torch", "cupy", "cuda"}
+#: imported at use only (modelswap_client.torch, size_command, allocation, views)
+CLIENT_OPTIONAL = {"numpy", "torch", "cupy", "cuda", "transformers", "safetensors"}
 
 
 def imports_of(path: Path) -> set[str]:

@@ -11,21 +11,10 @@ forgets it at once), at most `limit` names, the oldest forgotten first.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from modelswap_sidecar.gateway.errors import TritonRefusedError
-from modelswap_sidecar.gateway.rewrite import rename_json, triton_message
-from modelswap_sidecar.gateway.upstream import model_path
-
-if TYPE_CHECKING:
-    from modelswap_sidecar.gateway.exchange import Exchange
-
-#: Reads of the configuration at most per request: before any swap-in, after it, and once
-#: more when the model went away again in between.
-_CONFIG_READS = 3
 #: How long a configuration read is trusted.
 MAX_AGE_SECONDS = 30.0
 
@@ -63,31 +52,3 @@ class ModelConfigs:
 
     def forget(self, triton_name: str) -> None:
         self._configs.pop(triton_name, None)
-
-
-async def model_config(exchange: Exchange) -> Any:
-    """The model's configuration (parsed JSON; None when Triton's answer is not JSON):
-    remembered, else read from Triton, admitting the request (a swap-in) when Triton does
-    not hold the model. TritonRefusedError when Triton will not give it."""
-    gw, route = exchange.gw, exchange.route
-    configs = gw.model_configs
-    known = configs.get(route.triton_name)
-    if known is not None:
-        return known
-    path = model_path(route.triton_name, None, "/config")
-    for attempt in range(1, _CONFIG_READS + 1):
-        async with await gw.upstream.open("GET", path) as answer:
-            raw = await gw.upstream.read(answer)
-        if answer.status == 200:
-            break
-        held_anyway = attempt > 1 and gw.directory.is_resident(route.uid)
-        if attempt == _CONFIG_READS or held_anyway:
-            message = triton_message(rename_json(raw, route.triton_name, route.name))
-            raise TritonRefusedError(message, answer.status)
-        await exchange.admit()
-    try:
-        config = json.loads(raw)
-    except ValueError:
-        return None
-    configs.put(route.triton_name, config)
-    return config

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from modelswap_sidecar.gateway import embeddings
 from modelswap_sidecar.gateway.bodies import decode_json, read_body
-from modelswap_sidecar.gateway.configs import model_config
+from modelswap_sidecar.gateway.config_reads import model_config
 from modelswap_sidecar.gateway.context import Call, Handler
 from modelswap_sidecar.gateway.errors import (
     GatewayError,
@@ -92,7 +92,7 @@ async def _embeddings(call: Call) -> web.StreamResponse:
 async def _check_contract(exchange: Exchange) -> None:
     """Return once the model's configuration is known to keep the contract (admitting the
     request when Triton does not hold the model); NotAnEmbeddingModelError when it does
-    not. The configuration comes through `configs.model_config`, which the v2 inference
+    not. The configuration comes through `config_reads.model_config`, which the v2 inference
     bounds share."""
     gw, route = exchange.gw, exchange.route
     if route.triton_name in gw.embedding_models:

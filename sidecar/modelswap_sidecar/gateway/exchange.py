@@ -83,6 +83,9 @@ class Exchange:
         self.progress = progress
         self.flavour: Flavour = call.flavour
         self.waited_seconds = 0.0
+        #: it waited in a swap-in queue (its wait may read 0.000: uvloop's clock moves in
+        #: whole milliseconds)
+        self.queued = False
         self.received_at_seconds = gw.clock()
         self._stream: web.StreamResponse | None = None
 
@@ -114,6 +117,7 @@ class Exchange:
                 await self.stream()
             return
         started = self.gw.queues.now()
+        self.queued = True
         try:
             if self.progress:
                 await self.stream()
@@ -167,7 +171,7 @@ class Exchange:
     def timing_headers(self, headers: dict[str, str]) -> dict[str, str]:
         """`headers` with the receipt time and any queue wait added."""
         headers[RECEIVED_AT_HEADER] = f"{self.received_at_seconds:.6f}"
-        if self.waited_seconds:
+        if self.queued:
             headers[QUEUE_WAIT_HEADER] = f"{self.waited_seconds:.3f}"
         return headers
 

@@ -24,7 +24,7 @@ Bodies are checked before anything is forwarded or swapped in (400, naming what 
 wrong): an inference request's inputs against the bytes the body carries for them
 (`tensors.parse_infer`: Triton sizes its buffers from `shape` before reading the data, and
 one request's shape took it down), and a generate request is a JSON object. Then, once
-the model's configuration is known (`configs.model_config`: read while Triton holds the
+the model's configuration is known (`config_reads.model_config`: read while Triton holds the
 model, else after its swap-in), the inputs against its `dims` and `max_batch_size`
 (`tensors.check_config`). When Triton's connection breaks while it holds a request, the
 request is logged by model and counted (`modelswap_gateway_upstream_lost_total`): if Triton
@@ -41,7 +41,7 @@ from aiohttp import web
 from modelswap_api.json_input import nesting_exceeds
 from modelswap_sidecar.gateway import sse, tensors
 from modelswap_sidecar.gateway.bodies import MAX_JSON_DEPTH, read_body
-from modelswap_sidecar.gateway.configs import model_config
+from modelswap_sidecar.gateway.config_reads import model_config
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
