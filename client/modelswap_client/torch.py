@@ -149,7 +149,6 @@ def _torch() -> Any:
 def layout_of(module: Any) -> Layout:
     """Lay out every parameter and buffer of `module` (each distinct tensor once, in the
     order `named_modules` visits them, aligned to `ALIGNMENT_BYTES`)."""
-    torch = _torch()
     by_id: dict[int, dict[str, Any]] = {}
     order: list[dict[str, Any]] = []
     for prefix, sub in module.named_modules():
@@ -183,7 +182,6 @@ def layout_of(module: Any) -> Layout:
             )
         )
         offset = _align(offset + size)
-    del torch
     return Layout(tuple(slots), offset)
 
 
@@ -367,7 +365,10 @@ def _checkpoint_name(names: tuple[str, ...], prefix: str, keys: dict[str, Path])
     """The checkpoint key of a tensor known by `names`: as named, with the base model's
     prefix added, or with it removed (a base model loaded from a task model's file)."""
     for name in names:
-        for candidate in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")):
+        candidates = (
+            (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")) if prefix else (name,)
+        )
+        for candidate in candidates:
             if candidate in keys:
                 return candidate
     return None
@@ -384,8 +385,7 @@ def _load_safetensors(module: Any, folder: Path) -> None:
     wanted: dict[Path, list[tuple[str, Slot]]] = {}
     missing = []
     for s in layout_of(module).slots:
-        key = _checkpoint_name(s.names, prefix, keys) if prefix else None
-        key = key or next((n for n in s.names if n in keys), None)
+        key = _checkpoint_name(s.names, prefix, keys)
         if key is None:
             if s.is_parameter:
                 missing.append(s.names[0])
@@ -412,8 +412,7 @@ def _load_safetensors(module: Any, folder: Path) -> None:
 
 def hf_source_identity(folder: Path) -> str:
     """The identity of a Hugging Face folder's weight files ("" when they are gone)."""
-    files = sorted(p for p in folder.glob("*") if p.name.endswith(WEIGHT_SUFFIXES))
-    return source_identity(files) if files else ""
+    return source_identity([p for p in folder.glob("*") if p.name.endswith(WEIGHT_SUFFIXES)])
 
 
 def build_pretrained(cls: Any, folder: str | os.PathLike[str], **kwargs: Any) -> Any:
