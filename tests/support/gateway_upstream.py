@@ -136,8 +136,10 @@ class FakeTriton:
 
 
 @contextlib.asynccontextmanager
-async def fake_triton() -> AsyncIterator[FakeTriton]:
-    fake = FakeTriton()
+async def fake_triton(fake: Any = None) -> AsyncIterator[Any]:
+    """`fake` (a `FakeTriton` by default; anything with `app()` and a `url` to set) served
+    on a loopback port for the block."""
+    fake = FakeTriton() if fake is None else fake
     runner = web.AppRunner(fake.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -29,22 +29,28 @@ W = TypeVar("W", bound=GatewayWorld)
 
 @contextlib.asynccontextmanager
 async def gateway_world(
-    world: type[W], routes: Sequence[ModelRoute], *, resident: bool, **settings: Any
+    world: type[W],
+    routes: Sequence[ModelRoute],
+    *,
+    resident: bool,
+    triton: Any = None,
+    **settings: Any,
 ) -> AsyncIterator[W]:
     """`routes` resident (and loaded on the fake Triton) unless `resident` is False;
-    `settings` go to `GatewaySettings`."""
-    async with fake_triton() as triton:
+    `triton`: another fake Triton to serve (see `fake_triton`); `settings` go to
+    `GatewaySettings`."""
+    async with fake_triton(triton) as served_triton:
         directory = FakeDirectory(routes, resident=[r.uid for r in routes] if resident else ())
-        triton.loaded = {r.triton_name for r in routes} if resident else set()
+        served_triton.loaded = {r.triton_name for r in routes} if resident else set()
 
         async def load(uid: str) -> None:
             loaded = directory.table.by_uid(uid)
             assert loaded is not None
-            triton.loaded.add(loaded.triton_name)
+            served_triton.loaded.add(loaded.triton_name)
 
         directory.action = load
         async with (
-            served_gateway(directory, triton.url, **settings) as served,
+            served_gateway(directory, served_triton.url, **settings) as served,
             aiohttp.ClientSession() as http,
         ):
-            yield world(triton, directory, served, http)
+            yield world(served_triton, directory, served, http)

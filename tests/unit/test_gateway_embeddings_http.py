@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.embeddings import MAX_INPUTS
-from tests.support.gateway_fakes import FakeDirectory, ServedGateway, route, served_gateway
+from tests.support.gateway_fakes import route
+from tests.support.gateway_world import GatewayWorld, gateway_world
 from tests.support.waiting import until_on_loop
 
 EMBED = route("embed", "team-a")
@@ -135,11 +135,8 @@ class ScriptedTriton:
 
 
 @dataclass
-class World:
-    triton: ScriptedTriton
-    directory: FakeDirectory
-    served: ServedGateway
-    http: aiohttp.ClientSession
+class World(GatewayWorld):
+    triton: ScriptedTriton  # type: ignore[assignment]
 
     def url(self, path: str) -> str:
         return self.served.url + path
@@ -159,30 +156,10 @@ async def world(
 ) -> AsyncIterator[World]:
     configs = {r.triton_name: CONTRACT_CONFIG for r in routes if r.name == "embed"}
     configs[PLAIN.triton_name] = PLAIN_CONFIG
-    triton = ScriptedTriton(configs)
-    runner = web.AppRunner(triton.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-    triton.url = f"http://127.0.0.1:{port}"
-    try:
-        directory = FakeDirectory(routes, resident=[r.uid for r in routes] if resident else ())
-        triton.loaded = {r.triton_name for r in routes} if resident else set()
-
-        async def load(uid: str) -> None:
-            loaded = directory.table.by_uid(uid)
-            assert loaded is not None
-            triton.loaded.add(loaded.triton_name)
-
-        directory.action = load
-        async with (
-            served_gateway(directory, triton.url, **settings) as served,
-            aiohttp.ClientSession() as http,
-        ):
-            yield World(triton, directory, served, http)
-    finally:
-        await runner.cleanup()
+    async with gateway_world(
+        World, routes, resident=resident, triton=ScriptedTriton(configs), **settings
+    ) as w:
+        yield w
 
 
 def labels(r: ModelRoute) -> dict[str, str]:
