@@ -23,7 +23,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ import pytest
 
 from modelswap_sidecar.local.manifests import local_uid
 from modelswap_sidecar.triton.naming import triton_model_name
-from tests.support.triton_server import tritonserver_binary
+from tests.support.local_up import leftovers, start_up, stop_up, wait_pushed
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,56 +150,19 @@ class Up:
         return self.log_path.read_text(errors="replace")
 
 
-def leftovers(run_dir: Path, shm_prefix: str | None, pgid: int) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            group = os.getpgid(int(entry.name))
-        except (OSError, ProcessLookupError):
-            continue
-        if str(run_dir).encode() in cmdline or group == pgid:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    if shm_prefix:
-        found += [str(p) for p in Path("/dev/shm").glob(f"{shm_prefix}*")]
-    return found
-
-
 @contextlib.contextmanager
 def modelswap_up(
     tmp_path: Path, files: dict[str, str], model_root: Path, *flags: str
 ) -> Iterator[Up]:
     """`modelswap up` over `files` (models in `model_root`), yielded once it has pushed."""
-    tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
-    folder = tmp_path / "deployments"
-    folder.mkdir()
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    run_dir = tmp_path / "run"
-    log_path = tmp_path / "up.log"
-    command = [
-        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
-        "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0",
+    folder, run_dir, log_path = tmp_path / "deployments", tmp_path / "run", tmp_path / "up.log"
+    process = start_up(
+        folder, files, run_dir, log_path, model_root,
         "--sim-gpu-bytes", "64Mi", "--allocator", "sim", *flags,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-        )
-
-    def pushed() -> dict[str, Any] | None:
-        assert process.poll() is None, log_path.read_text(errors="replace")
-        with contextlib.suppress(OSError, ValueError):
-            state = json.loads((run_dir / "local.json").read_text())
-            if state.get("running") and state.get("pushes", 0) >= 1:
-                return dict(state)
-        return None
-
+    )  # fmt: skip
     running = None
     try:
-        state = wait_for(pushed, timeout_seconds=60, what="modelswap up to push its models")
+        state = wait_pushed(process, run_dir, log_path)
         running = Up(process, run_dir, log_path, state)
         yield running
     finally:
@@ -209,13 +171,7 @@ def modelswap_up(
                 child.kill()
             child.wait()
         shm_prefix = running.state.get("shmPrefix") if running else None
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process)
         left = leftovers(run_dir, shm_prefix, process.pid)
         assert not left, f"left running: {left}"
     assert process.returncode == 0, log_path.read_text(errors="replace")

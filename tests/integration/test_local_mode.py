@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from examples.models.reference import mlp_checksum, mlp_forward, mlp_infer_body, mlp_input
-from tests.support.triton_server import tritonserver_binary
+from tests.support.local_up import leftovers, start_up, stop_up, wait_pushed
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,68 +123,22 @@ class LocalMode:
             raise AssertionError("modelswap up did not stop within 60 s of SIGINT") from None
 
 
-def leftovers(run_dir: Path, shm_prefix: str | None, pgid: int) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            group = os.getpgid(int(entry.name))
-        except (OSError, ProcessLookupError):
-            continue
-        if str(run_dir).encode() in cmdline or group == pgid:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    if shm_prefix:
-        found += [str(p) for p in Path("/dev/shm").glob(f"{shm_prefix}*")]
-    return found
-
-
 @contextlib.contextmanager
 def local_mode(
     tmp_path: Path, files: dict[str, str], *, until_pushed: bool = True
 ) -> Iterator[LocalMode]:
     """`modelswap up` over `files`, yielded once it has pushed them (`until_pushed`) or
     once its state file names the gateway."""
-    tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
-    folder = tmp_path / "deployments"
-    folder.mkdir()
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    run_dir = tmp_path / "run"
-    log_path = tmp_path / "up.log"
-    command = [
-        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
-        "--model-root", str(MODELS), "--run-dir", str(run_dir), "--port", "0",
-        "--sim-gpu-bytes", "128Mi",
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-        )
-
-    def pushed() -> dict[str, Any] | None:
-        assert process.poll() is None, log_path.read_text(errors="replace")
-        with contextlib.suppress(OSError, ValueError):
-            state = json.loads((run_dir / "local.json").read_text())
-            if state.get("running") and (state.get("pushes", 0) >= 1 or not until_pushed):
-                return dict(state)
-        return None
-
+    folder, run_dir, log_path = tmp_path / "deployments", tmp_path / "run", tmp_path / "up.log"
+    process = start_up(folder, files, run_dir, log_path, MODELS, "--sim-gpu-bytes", "128Mi")
     running = None
     try:
-        state = wait_for(pushed, timeout_seconds=60, what="modelswap up to push its models")
+        state = wait_pushed(process, run_dir, log_path, until_pushed=until_pushed)
         running = LocalMode(process, folder, run_dir, log_path, state)
         yield running
     finally:
         shm_prefix = running.state.get("shmPrefix") if running else None
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process)
         left = leftovers(run_dir, shm_prefix, process.pid)
         assert not left, f"left running: {left}"
 
@@ -257,7 +211,7 @@ def test_a_yaml_edit_changes_the_policy_live_and_sigint_leaves_nothing_running(
 
         shm_prefix = local.state["shmPrefix"]
         assert local.stop() == 0
-        assert leftovers(local.run_dir, shm_prefix, local.process.pid) == []
+        assert not leftovers(local.run_dir, shm_prefix, local.process.pid)
         status = local.status()
         assert status.returncode == 1
         assert "not running" in status.stderr

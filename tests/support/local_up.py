@@ -144,43 +144,79 @@ def leftovers(run_dir: Path, shm_prefix: str | None, pgid: int) -> dict[str, int
     return found
 
 
+def start_up(
+    folder: Path,
+    files: dict[str, str],
+    run_dir: Path,
+    log_path: Path,
+    model_root: Path,
+    *flags: str,
+) -> subprocess.Popen[bytes]:
+    """Write `files` into `folder` and start `modelswap up` over it in its own process
+    group (its output in `log_path`); `flags` are added to the command line."""
+    tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    command = [
+        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
+        "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0", *flags,
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+        )
+
+
+def wait_pushed(
+    process: subprocess.Popen[bytes], run_dir: Path, log_path: Path, *, until_pushed: bool = True
+) -> dict[str, Any]:
+    """local.json once `modelswap up` runs and has pushed its models (`until_pushed`), or
+    once it names its addresses; fails with the log if the process ends first."""
+
+    def ready() -> dict[str, Any] | None:
+        assert process.poll() is None, log_path.read_text(errors="replace")
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((run_dir / "local.json").read_text())
+            if state.get("running") and (state.get("pushes", 0) >= 1 or not until_pushed):
+                return dict(state)
+        return None
+
+    return wait_for(ready, timeout_seconds=60, what="modelswap up to push its models")
+
+
+def stop_up(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the group, as Ctrl-C does; SIGKILL after 60 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 @contextlib.contextmanager
 def local_up(
     files: dict[str, str], model_root: Path, *, sim_gpu_bytes: str = "256Mi"
 ) -> Iterator[LocalNode]:
     """`modelswap up` over `files` (name → YAML text) with `/models/<x>` sources under
     `model_root`, yielded once it has pushed them to its agent."""
-    tritonserver_binary()  # fails clearly when `make setup` has not installed Triton
     tmp = Path(tempfile.mkdtemp(prefix="ms-up-"))
     folder, run_dir, log_path = tmp / "deployments", tmp / "run", tmp / "up.log"
-    folder.mkdir()
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    command = [
-        sys.executable, "-m", "modelswap_api.cli", "up", "-f", str(folder),
-        "--model-root", str(model_root), "--run-dir", str(run_dir), "--port", "0",
+    process = start_up(
+        folder, files, run_dir, log_path, model_root,
         "--sim-gpu-bytes", sim_gpu_bytes, "--allocator", "sim",
         # these tests change model files under the running node on purpose (weights moved
         # away, a changed model): local mode's reload on change would race with them
         "--no-reload",
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-        )
-
-    def pushed() -> dict[str, Any] | None:
-        assert process.poll() is None, log_path.read_text(errors="replace")
-        with contextlib.suppress(OSError, ValueError):
-            state = json.loads((run_dir / "local.json").read_text())
-            if state.get("running") and state.get("pushes", 0) >= 1:
-                return dict(state)
-        return None
-
+    )  # fmt: skip
     node = None
     failed = False
     try:
-        node = LocalNode(process, folder, run_dir, log_path, wait_for(pushed, 60, "modelswap up"))
+        node = LocalNode(
+            process, folder, run_dir, log_path, wait_pushed(process, run_dir, log_path)
+        )
         yield node
     except BaseException:
         failed = True
@@ -188,13 +224,7 @@ def local_up(
         raise
     finally:
         shm_prefix = node.state.get("shmPrefix") if node else None
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process)
         left = leftovers(run_dir, shm_prefix, process.pid)
         for pid in left.values():  # reported below; removed so later tests start clean
             if pid is not None:
