@@ -35,8 +35,10 @@ from tests.support.agent_harness import (
 )
 from tests.support.bursts import (
     Expected,
+    Outcomes,
     Reference,
     burst,
+    one_request,
     raise_open_files,
     small_mlp_models,
     usage,
@@ -88,7 +90,9 @@ def plan_phases(phases: Sequence[Phase], room: int) -> list[Planned]:
 
     A phase's models all fit (at most `room`), and the models they displace are every
     resident model outside the phase, so which ones go never depends on the policy's
-    tie-breaks: the plan refuses a phase that would leave a choice."""
+    tie-breaks: the plan refuses a phase that would leave a choice. (The run calls each
+    resident model a phase hits once before its burst: the first cold request may come
+    before any for those, and the least recently used must be the ones outside.)"""
     resident: frozenset[int] = frozenset()
     planned = []
     for phase in phases:
@@ -194,6 +198,11 @@ async def test_phased_bursts_swap_in_as_planned_with_every_answer_right(tmp_path
                 assert out.json()["outcome"] == "completed", out.text
             assert await resident_uids(control) == {uids[i] for i in planned.resident_before}
             before = swap_ins_by_uid((await metrics.get(metrics_url)).text)
+            await _use_once(
+                f"http://127.0.0.1:{gateway_port}",
+                reference,
+                [expected[i] for i in phase.hit if i in planned.resident_before],
+            )
 
             result = await burst(
                 f"http://127.0.0.1:{gateway_port}",
@@ -250,6 +259,16 @@ async def test_phased_bursts_swap_in_as_planned_with_every_answer_right(tmp_path
                     now,
                     flat_baseline,
                 )
+
+
+async def _use_once(gateway_url: str, reference: Reference, models: list[Expected]) -> None:
+    """One right answer from each of `models` (all resident): they become the most
+    recently used, as the plan assumes."""
+    outcomes = Outcomes()
+    async with httpx.AsyncClient(base_url=gateway_url, trust_env=False) as http:
+        for model in models:
+            await one_request(http, reference, model, 0, outcomes, timeout_seconds=30)
+    assert outcomes.ok == len(models), (outcomes.wrong, outcomes.hung, outcomes.refused)
 
 
 def _settled(pid: int, baseline: Any) -> Any:
