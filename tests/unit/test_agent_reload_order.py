@@ -12,10 +12,14 @@ from typing import cast
 
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.loading import ModelLoader
+from modelswap_sidecar.agent.core.placement import Placement
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.engine.core import Engine
+from modelswap_sidecar.engine.errors import EngineError
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
+from modelswap_sidecar.policy.decisions import SwapOut, SwapOutReason
 from modelswap_sidecar.policy.facade import Policy
 from modelswap_sidecar.policy.inputs import PolicySettings
 from tests.unit.test_agent_planning import MIB, model, uid_of
@@ -85,3 +89,46 @@ async def restart_with_room_for_two() -> None:
     assert by_name[other].serving is Serving.DEFERRED, by_name[other].message
     assert by_name[other].reason == "WaitingForRoom"
     assert not any(m.serving is Serving.FAILED for m in records.values())
+
+
+class RefusingEngine(FakeEngine):
+    """A victim that cannot be drained: its swap-out is refused, as the engine refuses
+    one whose model is committing or whose drain ran out."""
+
+    def swap_out(self, name: str, reason: str) -> None:
+        raise EngineError(f"{name}: requests still in flight")
+
+
+def test_a_load_whose_victim_refuses_to_go_waits_instead_of_over_committing() -> None:
+    asyncio.run(victim_refuses())
+
+
+async def victim_refuses() -> None:
+    now = time.monotonic()
+    busy = model("busy", 0, Serving.LOADED, mib=96)
+    busy.resident_since_seconds = now - 600
+    waiting = model("waiting", None, Serving.PENDING, mib=96)
+    records = {busy.uid: busy, waiting.uid: waiting}
+    engine = RefusingEngine()
+    engine.added.append(busy.triton_name)
+    engine.states[busy.triton_name] = EngineState.RESIDENT
+    loader = BudgetLoader(records)
+    loader.loaded.append(busy.uid)
+    actuator = Actuator(
+        engine=cast(Engine, engine),
+        loader=cast(ModelLoader, loader),
+        policy=Policy(PolicySettings(), time.monotonic),
+        gpu_uuids=("g0",),
+        metrics=None,
+        records=records,
+    )
+    victim = SwapOut(uid=busy.uid, gpu="g0", reason=SwapOutReason.MAKE_ROOM, message="room",
+                     bytes_freed=busy.hbm_bytes)  # fmt: skip
+    actuator.start_load(waiting, Placement(gpu="g0", victims=(victim,), message="evicting"))
+    await settle(actuator)
+
+    assert loader.loaded == [busy.uid]  # no load past the budget was tried
+    assert busy.serving is Serving.LOADED
+    assert waiting.serving is Serving.DEFERRED, (waiting.reason, waiting.message)
+    assert waiting.reason == "WaitingForRoom"
+    assert busy.uid in waiting.message and "EngineError" in waiting.message

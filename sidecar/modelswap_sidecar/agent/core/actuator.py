@@ -282,7 +282,20 @@ class Actuator:
     async def _load(self, model: AgentModel, victims: tuple[SwapOut, ...]) -> None:
         async with self.lock_of(model.uid):
             for victim in victims:
-                await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+                result = await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+                if result.outcome == "refused":
+                    # The room this load counted on is still taken: loading now would
+                    # over-commit the GPU and fail (LoadFailed until the retry). The model
+                    # waits for the next placement, which weighs the victims again.
+                    model.serving = Serving.DEFERRED
+                    model.reason = "WaitingForRoom"
+                    model.message = (
+                        f"{victim.uid} did not give up its room ({result.reason}"
+                        f"{': ' + result.message if result.message else ''}); placed again next"
+                    )
+                    log.info("model %s waits: %s", model.uid, model.message)
+                    self.notify()
+                    return
             await self._load_locked(model)
 
     async def _load_locked(self, model: AgentModel) -> None:
