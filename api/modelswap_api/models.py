@@ -104,6 +104,8 @@ class KvCachePolicy(_Wire):
 class GatewayPolicy(_Wire):
     max_queued: int | None = None
     queue_timeout: Duration | None = None
+    max_tokens: int | None = None
+    max_prompt_bytes: Quantity | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +141,8 @@ class EffectivePolicyStatus(_Wire):
     kv_host_bytes: int | None = None
     max_queued: int | None = None
     queue_timeout: str | None = None
+    max_tokens: int | None = None
+    max_prompt_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelswap_api.cel import Rule, compile_rule
-from modelswap_api.defaults import POLICY_SECTIONS, check_defaults, spec_schema
+from modelswap_api.defaults import (
+    DEFAULT_MAX_PROMPT_BYTES,
+    DEFAULT_MAX_TOKENS,
+    POLICY_SECTIONS,
+    check_defaults,
+    spec_schema,
+)
 from modelswap_api.errors import PolicyError
 from modelswap_api.field_errors import FieldError, show_value
 from modelswap_api.models import EffectivePolicyStatus, KvMode, OnSwapOut
@@ -36,6 +42,8 @@ STATUS_FIELDS: Mapping[str, tuple[str, str]] = {
     "kvHostBytes": ("kvCache", "hostBytes"),
     "maxQueued": ("gateway", "maxQueued"),
     "queueTimeout": ("gateway", "queueTimeout"),
+    "maxTokens": ("gateway", "maxTokens"),
+    "maxPromptBytes": ("gateway", "maxPromptBytes"),
 }
 _STATUS_FIELD_OF = {merged: name for name, merged in STATUS_FIELDS.items()}
 
@@ -54,6 +62,10 @@ class EffectivePolicy:
     kv_host_bytes: int
     max_queued: int
     queue_timeout: Duration
+    #: most tokens one generate request may ask for (and get, when it asks for none)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    #: longest prompt of one generate request, UTF-8 bytes
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
 
     @classmethod
     def from_status(cls, status: EffectivePolicyStatus) -> EffectivePolicy:
@@ -87,6 +99,8 @@ class EffectivePolicy:
             kv_host_bytes=self.kv_host_bytes,
             max_queued=self.max_queued,
             queue_timeout=self.queue_timeout.raw,
+            max_tokens=self.max_tokens,
+            max_prompt_bytes=self.max_prompt_bytes,
         )
 
 
@@ -126,6 +140,8 @@ def _policy_of(merged: Mapping[str, Mapping[str, Any]]) -> EffectivePolicy:
         kv_host_bytes=Quantity(kv_cache["hostBytes"]).bytes,
         max_queued=int(gateway["maxQueued"]),
         queue_timeout=Duration(gateway["queueTimeout"]),
+        max_tokens=int(gateway["maxTokens"]),
+        max_prompt_bytes=Quantity(gateway["maxPromptBytes"]).bytes,
     )
 
 
