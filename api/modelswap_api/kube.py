@@ -656,3 +656,28 @@ def list_model_deployments(
                        namespace, MODEL_DEPLOYMENT_PLURAL,
                        timeout_seconds=timeout_seconds)  # fmt: skip
     return _items(listed, what)
+
+
+def scale_deployment(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    replicas: int,
+    *,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+) -> bool:
+    """Set a Deployment's `spec.replicas` (a merge patch): True when it was patched, False
+    when there is no such Deployment."""
+    try:
+        _call(
+            f"scale deployment {namespace}/{name}",
+            client.AppsV1Api(api).patch_namespaced_deployment,
+            name,
+            namespace,
+            {"spec": {"replicas": replicas}},
+            _content_type=_MERGE_PATCH,
+            timeout_seconds=timeout_seconds,
+        )
+    except NotFound:
+        return False
+    return True

@@ -131,6 +131,8 @@ def builtin_types() -> list[ResourceType]:
         _workload("deployments", "Deployment", "deploy"),
         _workload("daemonsets", "DaemonSet", "ds"),
         _workload("statefulsets", "StatefulSet", "sts"),
+        _builtin("batch", "v1", "jobs", "Job", namespaced=True, status=True,
+                 categories=("all",), merge_keys=_POD_MERGE_KEYS, generation=True),
         _builtin("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
         _builtin("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", namespaced=True),
         _builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
