@@ -42,6 +42,7 @@ from modelswap_sidecar.agent.loop_lag import watch_loop_lag
 from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.agent.ports.cluster_heartbeat import node_heartbeat
 from modelswap_sidecar.agent.ports.desired_file import load_entries
+from modelswap_sidecar.agent.ports.drain_ends import end_requests_on_overdue_drains
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
 from modelswap_sidecar.agent.settings import AgentSettings
 from modelswap_sidecar.control.app import make_app
@@ -196,6 +197,13 @@ async def _serve_gateway(agent: Agent) -> web.BaseRunner:
     gateway = gateway_settings(agent.settings)
     directory = AgentDirectory(agent.actuator, knowledge=agent.backend.knowledge)
     app = make_gateway_app(directory, gateway, registry=agent.registry)
+    # a swap-out's drain past its timeout ends the model's requests, not the swap-out
+    end_requests_on_overdue_drains(
+        agent.engine,
+        app,
+        asyncio.get_running_loop(),
+        agent.settings.policy.drain_timeout_seconds,
+    )
     return await start_gateway(app)
 
 

@@ -33,7 +33,7 @@ from modelswap_sidecar.engine.recovery import Recovery
 from modelswap_sidecar.engine.settings import CHECKPOINTS, EngineSettings, no_checkpoint
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.status import ModelStatus, as_dict
-from modelswap_sidecar.engine.swaps import Swapper
+from modelswap_sidecar.engine.swaps import DrainOverdueListener, Swapper
 from modelswap_sidecar.engine.table import ModelTable
 from modelswap_sidecar.engine.transport import PeerTransport
 from modelswap_sidecar.engine.vouching import Voucher
@@ -139,6 +139,14 @@ class Engine:
         to `decider(name)`, which decides (victims, or a refusal raised as an EngineError)
         and calls `swap_in`. Without one, the engine swaps in with no victims."""
         self._decider = decider
+
+    def on_drain_overdue(self, listener: DrainOverdueListener) -> None:
+        """Call `listener(name)` (on a timer thread; it must not block) when a swap-out's
+        drain has waited `settings.drain_timeout_seconds` for the model's `in_use()` work:
+        it ends that work (the agent's gateway cancels the model's requests), and the drain
+        waits `settings.drain_end_grace_seconds` more. Without one, the swap-out rolls back
+        at the timeout."""
+        self._swapper.drain_overdue = listener
 
     def _client_swap_in(self, name: str) -> None:
         decider = self._decider

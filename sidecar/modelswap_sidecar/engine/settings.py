@@ -12,6 +12,7 @@ CHECKPOINTS = (
     "commit.received",  # a commit counted (a swap-out now refuses), the lock not yet taken
     "commit.saved",  # the client wrote the weights into staging files; nothing renamed
     "commit.renamed",  # weight files in place; the state file does not name them yet
+    "swap_out.drain_overdue",  # the drain passed its timeout; its listener not yet told
     "swap_out.quiesced",  # every instance drained; nothing saved or unmapped
     "swap_out.kv_saved",  # preserved KV written into staging files; nothing renamed
     "swap_out.unmapped",  # every client unmapped; chunks not yet released
@@ -26,6 +27,9 @@ CHECKPOINTS = (
 class EngineSettings:
     client_timeout_seconds: float = 60.0  # one client round trip (map, restore, save, unmap)
     drain_timeout_seconds: float = 60.0  # quiesce: how long in_use() work may hold a swap-out
+    #: after `drain_timeout_seconds`, how long a drain whose overdue listener was told (the
+    #: gateway ended the model's requests) waits for the work to leave before it rolls back
+    drain_end_grace_seconds: float = 10.0
     readopt_grace_seconds: float = 10.0  # after a restart, how long clients have to readopt
     reserve_bytes: dict[int, int] = field(default_factory=dict)  # per GPU
     #: per GPU: the emulated link (bytes/s) a sim GPU's clients pace their copies to, told

@@ -1,8 +1,11 @@
 """Swap-out and swap-in of one model across all its live instances, with rollback.
 
-Swap-out: DRAINING (every instance drains its `in_use()` work and synchronizes) →
-QUIESCED → SAVING (preserved KV to the host store, committed before anything is unmapped)
-→ UNMAPPED (clients unmapped and dropped their handles) → chunks released → SWAPPED_OUT.
+Swap-out: DRAINING (every instance drains its `in_use()` work and synchronizes; when
+that takes longer than `drain_timeout_seconds`, the drain's overdue listener, the agent's
+gateway, ends the model's requests, and the drain waits `drain_end_grace_seconds` more
+for them to leave) → QUIESCED → SAVING (preserved KV to the host store, committed
+before anything is unmapped) → UNMAPPED (clients unmapped and dropped their handles) →
+chunks released → SWAPPED_OUT.
 A failure before UNMAP resumes every client and returns to RESIDENT. A model committing
 its weights is never swapped out (`Committing`): refused before the drain when a commit
 waits for the lock, rolled back after it when one came in during the drain (such a commit
@@ -20,6 +23,7 @@ operation lock (and, for swap-in, the GPU's allocation lock).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,6 +65,11 @@ def awaiting_reload(m: ModelRecord) -> bool:
     return m.state is S.LOADING and bool(live) and all(i.mapped for i in live)
 
 
+#: Told the engine name of a model whose swap-out's drain passed `drain_timeout_seconds`
+#: (on a timer thread; it must not block): it should end the work holding the drain.
+DrainOverdueListener = Callable[[str], None]
+
+
 class HostCopyLost(Exception):  # noqa: N818 - reads as the condition
     """A committed host copy cannot be opened: unrecoverable for this model (→ FAILED)."""
 
@@ -87,6 +96,8 @@ class Swapper:
         self.settings = settings
         self.events = events
         self.checkpoint = checkpoint
+        #: `Engine.on_drain_overdue`'s listener; None: a drain past its timeout rolls back
+        self.drain_overdue: DrainOverdueListener | None = None
 
     def _broadcast(
         self,
@@ -174,9 +185,7 @@ class Swapper:
         stagings: list[tuple[RegionRecord, Staging]] = []
         try:
             try:
-                live, failed = self._broadcast(
-                    m, live, Op.QUIESCE, timeout_seconds=self.settings.drain_timeout_seconds
-                )
+                live, failed = self._quiesce(m, live)
             finally:
                 gave_way = self._end_drain(m)
             self._drop_gone(failed)
@@ -264,6 +273,51 @@ class Swapper:
                 dropped=drop,
             )
         )
+
+    def _quiesce(
+        self, m: ModelRecord, live: list[InstanceRecord]
+    ) -> tuple[list[InstanceRecord], list[tuple[InstanceRecord, str]]]:
+        """QUIESCE every instance: each answers once its `in_use()` work has left. Past
+        `drain_timeout_seconds` the overdue listener (if any) is told to end that work
+        (the gateway cancels the model's requests at Triton, whose models stop at their
+        next `is_cancelled()` check), and the drain waits `drain_end_grace_seconds` more
+        before it fails (the swap-out then rolls back)."""
+        settings = self.settings
+        listener = self.drain_overdue
+        if listener is None:
+            return self._broadcast(
+                m, live, Op.QUIESCE, timeout_seconds=settings.drain_timeout_seconds
+            )
+        drained = threading.Event()
+
+        def overdue() -> None:
+            if drained.is_set():
+                return
+            log.warning(
+                "model %s: its swap-out's drain passed %gs (drainTimeoutSeconds); ending the "
+                "requests that hold it",
+                m.name,
+                settings.drain_timeout_seconds,
+            )
+            self.checkpoint("swap_out.drain_overdue")
+            try:
+                listener(m.name)
+            except Exception:
+                log.exception("model %s: the drain's overdue listener failed", m.name)
+
+        timer = threading.Timer(settings.drain_timeout_seconds, overdue)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._broadcast(
+                m,
+                live,
+                Op.QUIESCE,
+                timeout_seconds=settings.drain_timeout_seconds + settings.drain_end_grace_seconds,
+            )
+        finally:
+            drained.set()
+            timer.cancel()
 
     def _end_drain(self, m: ModelRecord) -> bool:
         """Wait until every commit that came in during the drain has ended (each is bounded

@@ -10,7 +10,11 @@ It is aiohttp's low-level server (`web.Server`): aiohttp parses requests and wri
 answers, and `GatewayApp.handle` is the one handler, with no application, router,
 middleware or signals per request; the gateway's own `paths.PathTable` says which
 endpoint a path names. Handler cancellation is on: a client that goes away cancels its
-handler (and frees its place in a swap-in queue).
+handler (and frees its place in a swap-in queue); a handler cancelled while it waits on
+Triton closes its connection to Triton, and Triton cancels the request
+(`request.is_cancelled()` in a python-backend model). `end_requests` cancels a model's
+requests at Triton the same way when its swap-out's drain deadline passes, and answers
+them 503 `DrainDeadline`.
 
 Errors are answered as `{"error": message, "reason": reason}` on v2 routes and as OpenAI
 error objects on `/v1` routes, with `Retry-After` on 429 and 503 refusals.
@@ -36,8 +40,10 @@ from modelswap_sidecar.gateway.errors import (
     ExpectationFailedError,
     GatewayError,
     MethodNotAllowedError,
+    RequestEndedError,
     RouteNotFoundError,
 )
+from modelswap_sidecar.gateway.exchange import Exchange
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
 from modelswap_sidecar.gateway.paths import PathTable
 from modelswap_sidecar.gateway.queueing import SwapInQueues
@@ -89,18 +95,39 @@ class GatewayApp:
             if e.status < 400:
                 raise
             return error_response(call, _http_error(e))
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
+            ended = call.ended
+            task = asyncio.current_task()
+            # ended by `end_requests` alone (not also by its client going away): answered
+            if ended is None or task is None or task.uncancel() > 0:
+                code = CLIENT_GONE
+                raise
+            code = ended.status
+            return await _answer_ended(call, ended)
+        except ConnectionResetError:
             code = CLIENT_GONE
             raise
         except Exception:
             logger.exception("%s %s failed", request.method, request.path)
             return error_response(call, GatewayError("the gateway failed to handle the request"))
         finally:
+            gw.at_triton.discard(call)
             metrics.in_flight_requests -= 1
             metrics.answered(call.route, code)
             if call.admitted:
                 assert call.route is not None
                 gw.directory.request_finished(call.route.uid)
+
+    def end_requests(self, triton_name: str, why: str) -> int:
+        """End every request at Triton for the model `triton_name` (its connection to
+        Triton closes: Triton cancels it); each is answered 503 `DrainDeadline` with
+        Retry-After and `why`. The number ended."""
+        gw = self.gateway
+        error = RequestEndedError(why, retry_after_seconds=gw.settings.retry_after_seconds)
+        ended = gw.at_triton.end(triton_name, error)
+        if ended:
+            logger.warning("ended %d request(s) at Triton for %s: %s", ended, triton_name, why)
+        return ended
 
     def _route(self, call: Call) -> Handler:
         request = call.request
@@ -115,6 +142,14 @@ class GatewayApp:
             )
         call.namespace, call.model, call.version = found.namespace, found.model, found.version
         return endpoint.handler
+
+
+async def _answer_ended(call: Call, error: GatewayError) -> web.StreamResponse:
+    """An ended call's answer: in its stream when one is open, else a plain error."""
+    exchange = call.exchange
+    if isinstance(exchange, Exchange) and exchange.committed:
+        return await exchange.fail(error)
+    return error_response(call, error)
 
 
 async def _expect(request: web.BaseRequest) -> None:

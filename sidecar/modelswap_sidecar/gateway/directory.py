@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from modelswap_api.defaults import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_TOKENS
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelRoute:
@@ -28,6 +30,11 @@ class ModelRoute:
     max_queued: int = 100
     #: Longest wait for a swap-in before a 503; None waits as long as it takes (`never`).
     queue_timeout_seconds: float | None = 60.0
+    #: Most tokens one generate request may ask for (`spec.gateway.maxTokens`), and most
+    #: responses one generation that asked for none may stream (`generation`).
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    #: Longest prompt of one generate request, UTF-8 bytes (`spec.gateway.maxPromptBytes`).
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
 
 
 class ModelDirectory(Protocol):

@@ -2,6 +2,9 @@
 
     GatewayError                    status, reason, message, retry_after_seconds
     ├── BadRequestError             400 BadRequest        malformed body, unsupported field
+    │   └── GenerationBoundError    400 GenerationBound   a generate request asks more tokens
+    │                                                     or sends a longer prompt than its
+    │                                                     model's spec.gateway bounds
     ├── NotAnEmbeddingModelError    400 NotAnEmbeddingModel `/v1/embeddings` for a model whose
     │                                                     configuration lacks the contract's
     │                                                     tensors (the message names them)
@@ -24,6 +27,9 @@
     │                                                     `ensure_resident` with its reason
     ├── UpstreamError               503 UpstreamUnavailable + Retry-After: Triton did not
     │                                                     answer, or its answer broke off
+    ├── RequestEndedError           503 DrainDeadline     + Retry-After: the model's swap-out
+    │                                                     waited its drain timeout for this
+    │                                                     request, which the gateway ended
     ├── BadModelAnswerError         502 BadModelAnswer    the model answered, but not what its
     │                                                     contract promised (an embedding of
     │                                                     the wrong shape)
@@ -55,6 +61,10 @@ class GatewayError(Exception):
 class BadRequestError(GatewayError):
     status = 400
     reason = "BadRequest"
+
+
+class GenerationBoundError(BadRequestError):
+    reason = "GenerationBound"
 
 
 class NamespaceRequiredError(GatewayError):
@@ -124,6 +134,11 @@ class SwapInFailedError(GatewayError):
 class UpstreamError(GatewayError):
     status = 503
     reason = "UpstreamUnavailable"
+
+
+class RequestEndedError(GatewayError):
+    status = 503
+    reason = "DrainDeadline"
 
 
 class NotAnEmbeddingModelError(GatewayError):

@@ -88,6 +88,7 @@ class Exchange:
         self.queued = False
         self.received_at_seconds = gw.clock()
         self._stream: web.StreamResponse | None = None
+        call.exchange = self
 
     @property
     def committed(self) -> bool:
@@ -153,6 +154,9 @@ class Exchange:
         target = model_path(self.route.triton_name, self.call.version, path)
         for attempt in (1, 2):
             await self.admit()
+            # from here it holds the model's work at Triton: a swap-out whose drain it
+            # outlasts ends it (`GatewayApp.end_requests`)
+            self.gw.at_triton.add(self.route.triton_name, self.call)
             response = await self.gw.upstream.open(
                 method, target, body=body, json_body=json_body, headers=headers
             )

@@ -8,17 +8,22 @@
 A streaming request gets each response of the model as one chunk as soon as Triton sends
 it, then a chunk with the finish reason and `data: [DONE]`; a non-streaming one gets the
 responses' text joined. The OpenAI `model` may be written `namespace/name`.
+
+Bounds (`generation`): `max_tokens` above the model's `spec.gateway.maxTokens` and a
+prompt (chat: the rendered messages) longer than its `maxPromptBytes` are 400
+`GenerationBound` before any swap-in; a request without `max_tokens` is ended with
+finish reason `length` when a response past `maxTokens` arrives.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
-from modelswap_sidecar.gateway import openai, sse
+from modelswap_sidecar.gateway import generation, openai, sse
 from modelswap_sidecar.gateway.bodies import decode_json, read_body
 from modelswap_sidecar.gateway.context import Call, Handler
 from modelswap_sidecar.gateway.errors import (
@@ -89,6 +94,10 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
     )
     text_request = parse(body)
     route = route_for(call, text_request.model)
+    generation.check_max_tokens(text_request.max_tokens, route)
+    prompt_field = "prompt" if text_request.kind == "completion" else "messages"
+    generation.check_prompt(generation.utf8_bytes(text_request.prompt), route, prompt_field)
+    cap = generation.ResponseCap(route)
     exchange = Exchange(
         call, route, progress=wants_progress(request, streaming=text_request.stream)
     )
@@ -102,10 +111,10 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
                 raise TritonRefusedError(triton_message(raw), answer.status)
             parser = sse.EventParser()
             async for chunk in gw.upstream.chunks(answer):
-                for event in parser.feed(chunk):
-                    await _add(exchange, completion, event)
-            for event in parser.close():
-                await _add(exchange, completion, event)
+                if not await _add_all(exchange, completion, parser.feed(chunk), cap):
+                    break  # past the bound: leaving closes Triton's connection (cancelled)
+            else:
+                await _add_all(exchange, completion, parser.close(), cap)
         if text_request.stream:
             await exchange.write(sse.data_event(json.dumps(completion.last_chunk())))
             await exchange.write(DONE)
@@ -121,6 +130,22 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
         return await exchange.fail(e)
     finally:
         exchange.record()
+
+
+async def _add_all(
+    exchange: Exchange,
+    completion: openai.Completion,
+    events: Iterable[sse.Event],
+    cap: generation.ResponseCap,
+) -> bool:
+    """Add `events`; False once one arrives past the model's `max_tokens` (not added: the
+    answer ends there, finish reason `length`)."""
+    for event in events:
+        if not cap.take():
+            completion.finish_reason = "length"
+            return False
+        await _add(exchange, completion, event)
+    return True
 
 
 async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Event) -> None:

@@ -23,7 +23,9 @@ reaches the agent is none of a caller's business, DESIGN.md §1). Triton's repos
 Bodies are checked before anything is forwarded or swapped in (400, naming what is
 wrong): an inference request's inputs against the bytes the body carries for them
 (`tensors.parse_infer`: Triton sizes its buffers from `shape` before reading the data, and
-one request's shape took it down), and a generate request is a JSON object. Then, once
+one request's shape took it down), and a generate request is a JSON object whose
+`text_input` and `max_tokens` keep the model's bounds (`generation`; a generate_stream
+without `max_tokens` ends after `maxTokens` responses). Then, once
 the model's configuration is known (`config_reads.model_config`: read while Triton holds the
 model, else after its swap-in), the inputs against its `dims` and `max_batch_size`
 (`tensors.check_config`). When Triton's connection breaks while it holds a request, the
@@ -35,11 +37,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 
 from aiohttp import web
 
 from modelswap_api.json_input import nesting_exceeds
-from modelswap_sidecar.gateway import sse, tensors
+from modelswap_sidecar.gateway import generation, sse, tensors
 from modelswap_sidecar.gateway.bodies import MAX_JSON_DEPTH, read_body
 from modelswap_sidecar.gateway.config_reads import model_config
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
@@ -215,7 +218,7 @@ async def _generate(call: Call) -> web.StreamResponse:
     route = route_for(call)
     _refuse_decoupled(route, "generate")
     body = await _read_body(call.gw, call.request)
-    tensors.json_object(body, "the request's JSON")
+    generation.check_generate_body(tensors.json_object(body, "the request's JSON"), route)
     return await _whole(call, route, "/generate", body, None)
 
 
@@ -243,7 +246,7 @@ def _lost(exchange: Exchange, tail: str, error: UpstreamError) -> None:
     """Triton's connection broke while it held this request: said by model, and counted,
     since a request's inputs can crash Triton and each crash counts towards the node's
     crash-loop give-up."""
-    if isinstance(error.__cause__, ConnectionRefusedError):
+    if exchange.call.ended is not None or isinstance(error.__cause__, ConnectionRefusedError):
         return  # Triton was not there to take it: nothing it held
     route = exchange.route
     exchange.gw.metrics.upstream_lost(route)
@@ -302,7 +305,8 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
     gw, request = call.gw, call.request
     route = route_for(call)
     body = await _read_body(gw, request)
-    tensors.json_object(body, "the request's JSON")
+    generation.check_generate_body(tensors.json_object(body, "the request's JSON"), route)
+    cap = generation.ResponseCap(route)
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
     try:
         headers = forwarded_headers(request.headers)
@@ -314,10 +318,10 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
                 return await exchange.answer(answer.status, raw, "application/json")
             parser = sse.EventParser()
             async for chunk in gw.upstream.chunks(answer):
-                for event in parser.feed(chunk):
-                    await _pass_event(exchange, event, route.triton_name, route.name)
-            for event in parser.close():
-                await _pass_event(exchange, event, route.triton_name, route.name)
+                if not await _pass_all(exchange, parser.feed(chunk), route, cap):
+                    break  # past the bound: leaving closes Triton's connection (cancelled)
+            else:
+                await _pass_all(exchange, parser.close(), route, cap)
             stream = await exchange.stream()
             await stream.write_eof()
             return stream
@@ -325,6 +329,20 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
         return await exchange.fail(e)
     finally:
         exchange.record()
+
+
+async def _pass_all(
+    exchange: Exchange, events: Iterable[sse.Event], route: ModelRoute, cap: generation.ResponseCap
+) -> bool:
+    """Pass `events` on; False once one arrives past the model's `max_tokens` (not passed:
+    the stream ends there)."""
+    for event in events:
+        if not cap.take():
+            logger.info("%s/%s: a generation reached %d responses (spec.gateway.maxTokens) "
+                        "and was ended", route.namespace, route.name, cap.bound)  # fmt: skip
+            return False
+        await _pass_event(exchange, event, route.triton_name, route.name)
+    return True
 
 
 async def _pass_event(exchange: Exchange, event: sse.Event, triton_name: str, name: str) -> None:

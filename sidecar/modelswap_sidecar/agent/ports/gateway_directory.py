@@ -117,6 +117,8 @@ class AgentDirectory:
             decoupled=self._decoupled_of(model),
             max_queued=model.policy.max_queued,
             queue_timeout_seconds=model.policy.queue_timeout.seconds,
+            max_tokens=model.policy.max_tokens,
+            max_prompt_bytes=model.policy.max_prompt_bytes,
         )
 
     def routes(self, namespace: str | None) -> Sequence[ModelRoute]:

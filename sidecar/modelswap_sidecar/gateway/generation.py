@@ -1,0 +1,95 @@
+"""Bounds on one generate request (pure): how many tokens it may ask for and how long its
+prompt may be, per model (`spec.gateway.maxTokens`, `spec.gateway.maxPromptBytes`, carried
+in `ModelRoute`), checked before anything is sent or swapped in; and the cap on how many
+responses a generation may stream when it did not ask for a number.
+
+A request asking more than the bound is refused (400 `GenerationBound`) rather than
+clamped: a client that asked for 10,000 tokens and silently got 4,096 would take the
+cut-off answer for the model's whole answer; a refusal names the field and the bound, and
+the client can ask again within it. A request that asks for no number gets the model's own
+default, which the gateway cannot see: it ends the stream (and so the generation, since
+closing Triton's connection cancels the request) when a response past the bound arrives.
+Each streamed response carries at least one token, so a generation never yields more
+than the bound's number of responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from modelswap_sidecar.gateway.directory import ModelRoute
+from modelswap_sidecar.gateway.errors import BadRequestError, GenerationBoundError
+
+#: The generate extension's prompt input (the OpenAI routes send their prompt in it).
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+
+
+def check_max_tokens(value: object, route: ModelRoute, field: str = MAX_TOKENS) -> int | None:
+    """`value` (None: not asked) as a positive integer within the route's bound."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadRequestError(f"{field}: must be a positive integer")
+    if value > route.max_tokens:
+        raise GenerationBoundError(
+            f"{field}: {_shown(value)} is more than model {route.name!r} allows: at most "
+            f"{route.max_tokens} tokens (spec.gateway.maxTokens)"
+        )
+    return value
+
+
+def check_prompt(prompt_bytes: int, route: ModelRoute, field: str) -> None:
+    """A prompt of `prompt_bytes` (UTF-8) within the route's bound."""
+    if prompt_bytes > route.max_prompt_bytes:
+        raise GenerationBoundError(
+            f"{field}: the prompt is {prompt_bytes} bytes; model {route.name!r} takes at most "
+            f"{route.max_prompt_bytes} bytes (spec.gateway.maxPromptBytes)"
+        )
+
+
+def utf8_bytes(text: str) -> int:
+    """`text`'s length in UTF-8 bytes (a lone surrogate counts as the 3 bytes it escapes to)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_generate_body(body: Mapping[str, Any], route: ModelRoute) -> None:
+    """A v2 `generate`/`generate_stream` body: its `text_input` (a string, or strings in
+    lists) and `max_tokens` (a top-level field, or one of its `parameters`)."""
+    check_prompt(_strings_bytes(body.get(TEXT_INPUT)), route, TEXT_INPUT)
+    check_max_tokens(body.get(MAX_TOKENS), route)
+    parameters = body.get("parameters")
+    if isinstance(parameters, Mapping):
+        check_max_tokens(parameters.get(MAX_TOKENS), route, f"parameters.{MAX_TOKENS}")
+
+
+def _strings_bytes(value: object) -> int:
+    """UTF-8 bytes of every string in `value` (a string or nested lists; the body's
+    nesting is bounded before it is parsed)."""
+    if isinstance(value, str):
+        return utf8_bytes(value)
+    if isinstance(value, list):
+        return sum(_strings_bytes(item) for item in value)
+    return 0
+
+
+def _shown(value: int) -> str:
+    text = str(value) if value.bit_length() < 200 else f"a {len(str(value))}-digit number"
+    return text
+
+
+class ResponseCap:
+    """Counts a generation's streamed responses against the route's `max_tokens`."""
+
+    __slots__ = ("bound", "count")
+
+    def __init__(self, route: ModelRoute) -> None:
+        self.bound = route.max_tokens
+        self.count = 0
+
+    def take(self) -> bool:
+        """One more response arrived: True while it is within the bound, False for the
+        first past it (the caller ends the generation without passing it on)."""
+        self.count += 1
+        return self.count <= self.bound
