@@ -21,6 +21,9 @@ class AgentFacts:
     fingerprint: str = ""
     #: the last swap-out discarded the KV cache
     kv_discarded: bool = False
+    #: how many times the KV regions' bytes were lost (a discard, a drop, a KV region
+    #: mapped fresh); a KV cache written at an older count holds nothing valid
+    kv_generation: int = 0
     #: the last swap-out dropped the model (onSwapOut: drop): the next swap-in maps fresh
     #: memory and the runtime reloads from the source (see `restored`)
     dropped: bool = False

@@ -97,6 +97,8 @@ class AgentHandler:
             self._mapper.synchronize()
             self._regions.unmap_all()
             self._facts.kv_discarded = bool(message.body.get("kv_discarded"))
+            if message.body.get("kv_discarded") or message.body.get("dropped"):
+                self._facts.kv_generation += 1  # counted before the memory is back
             if message.body.get("dropped"):
                 self._facts.dropped = True
                 self._facts.forget_weights()
@@ -119,6 +121,11 @@ class AgentHandler:
                 for rd in message.body["regions"]
             ):  # weights mapped fresh (after a drop or a failure): the runtime reloads them
                 self._facts.forget_weights()
+            if any(
+                rd.get("fresh") and self._regions[rd["tag"]].kind is RegionKind.KV
+                for rd in message.body["regions"]
+            ):  # KV mapped fresh (discard, drop, failure): every cache written before is gone
+                self._facts.kv_generation += 1
             restored = self._copier.restore(message)
             was_out = self._gate.state is ClientState.MAPPED
             self._facts.dropped = False

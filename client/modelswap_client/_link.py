@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from modelswap_api.wire import ConnectionLost, Message, Op, Peer, RemoteError
@@ -56,6 +57,8 @@ class AgentLink:
         self._connected = threading.Event()
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+        #: what each heartbeat reports beside being alive (`Attachment.report_kv`)
+        self.kv_report: Callable[[], dict[str, int]] | None = None
 
     def open(self) -> None:
         """Connect and register, then start the heartbeats. Raises `ClientError` when the
@@ -147,9 +150,23 @@ class AgentLink:
             if peer is None or not self._connected.is_set():
                 continue
             try:
-                peer.request(Op.HEARTBEAT, {}, self._facts.epoch, timeout_seconds=interval)
+                peer.request(
+                    Op.HEARTBEAT, self._beat(), self._facts.epoch, timeout_seconds=interval
+                )
             except (ConnectionLost, RemoteError, TimeoutError) as e:
                 log.debug("%s: heartbeat not answered: %s", self._model, e)
+
+    def _beat(self) -> dict[str, Any]:
+        """A heartbeat's body: the KV report where the model gave one (its counters
+        reach the agent's metrics this way); a report that fails is left out."""
+        report = self.kv_report
+        if report is None:
+            return {}
+        try:
+            return {"kv": report()}
+        except Exception as e:  # the heartbeat matters more than the figures
+            log.warning("%s: the KV report failed: %s", self._model, e)
+            return {}
 
     # -- agent loss and readopt ------------------------------------------------------------
 

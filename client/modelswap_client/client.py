@@ -135,6 +135,13 @@ class Attachment:
         return self._facts.kv_discarded
 
     @property
+    def kv_generation(self) -> int:
+        """Counts the times the KV regions' bytes were lost (a `discard` swap-out, a drop,
+        a KV region mapped fresh): K/V written at an older count is not valid any more
+        (`modelswap_client.kv_cache` checks it before every read)."""
+        return self._facts.kv_generation
+
+    @property
     def epoch(self) -> int:
         return self._facts.epoch
 
@@ -169,6 +176,12 @@ class Attachment:
         return self._kv_host.pool(
             self._regions[tag], block_bytes=block_bytes, tokens_per_block=tokens_per_block
         )
+
+    def report_kv(self, report: Callable[[], dict[str, int]] | None) -> None:
+        """Send `report()` with every heartbeat (`KvSessionStore.report`: KV blocks by
+        tier, sessions, hits, misses, evictions, tokens reused and recomputed). None
+        stops it."""
+        self._link.kv_report = report
 
     @property
     def fingerprint(self) -> str:

@@ -63,8 +63,11 @@ class TieredKvPool:
         self.tokens_per_block = tokens_per_block
         self.offload_after_tokens = offload_after_tokens
         self._hbm_address = hbm_address
-        self._hbm_free = collections.deque(range(hbm_bytes // block_bytes))
+        self.hbm_bytes = hbm_bytes
+        self.hbm_blocks = hbm_bytes // block_bytes
+        self._hbm_free = collections.deque(range(self.hbm_blocks))
         host_blocks = host_bytes // block_bytes
+        self.host_blocks = host_blocks
         self._host_free = collections.deque(range(host_blocks))
         self._host_map: mmap.mmap | None = None
         if host_address is not None:
@@ -84,6 +87,36 @@ class TieredKvPool:
     @property
     def host_blocks_free(self) -> int:
         return len(self._host_free)
+
+    @property
+    def hbm_address(self) -> int:
+        """Where the HBM tier starts (block i lies at `hbm_address + i * block_bytes`)."""
+        return self._hbm_address
+
+    @property
+    def host_address(self) -> int:
+        """Where the host tier starts (`host_blocks * block_bytes` of it)."""
+        return self._host_base
+
+    def holds(self, seq_id: str) -> bool:
+        return seq_id in self._sequences
+
+    def tokens(self, seq_id: str) -> int:
+        """Tokens a sequence has blocks for (0 for an unknown one); fewer than were
+        appended once the host tier dropped its host blocks (see `evicted`)."""
+        seq = self._sequences.get(seq_id)
+        return 0 if seq is None else seq.tokens
+
+    def truncate(self, seq_id: str, tokens: int) -> None:
+        """Shrink a sequence to its first `tokens`, giving back the blocks past them."""
+        seq = self._sequences.get(seq_id)
+        if seq is None or tokens >= seq.tokens:
+            return
+        keep = -(-max(tokens, 0) // self.tokens_per_block)
+        for b in seq.blocks[keep:]:
+            (self._hbm_free if b.tier is Tier.HBM else self._host_free).append(b.index)
+        del seq.blocks[keep:]
+        seq.tokens = max(tokens, 0)
 
     def _host_address(self, index: int) -> int:
         return self._host_base + index * self.block_bytes
