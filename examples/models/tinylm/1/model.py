@@ -14,7 +14,9 @@ One step, for token t at position p (all int64, exact):
     h = (sum_i a_i v_i) mod 1009 + x;  next = argmax(h @ Wo)  (first on ties)
 
 Each request runs on its own thread, which holds `in_use()` until the final response has
-been sent (not until `execute` returns), so a swap-out waits for a stream to finish.
+been sent (not until `execute` returns), so a swap-out waits for a stream to finish; it
+checks `request.is_cancelled()` before each token and stops when its client went away or
+the gateway ended it (a swap-out's drain past its deadline), leaving `in_use()`.
 Standard library, numpy and modelswap_client only (the stub's environment).
 """
 
@@ -179,6 +181,9 @@ class TritonPythonModel:
                 for position, t in enumerate(prompt.tolist()):
                     token, tier = self._step(weights, seq_id, t, position)
                 for index in range(max_tokens):
+                    if request.is_cancelled():  # the client hung up: stop generating for no one
+                        sender.send(flags=final)
+                        return
                     if delay_seconds:
                         time.sleep(delay_seconds)
                     last = index == max_tokens - 1
