@@ -168,6 +168,8 @@ class Agent:
             "metrics": {"host": "127.0.0.1", "port": self.metrics_port},
             "triton": {
                 "url": triton.url,
+                # used when a test sets gateway.grpcPort (the gateway's gRPC front)
+                "grpcUrl": f"127.0.0.1:{triton.ports.grpc}",
                 "repository": str(triton.repository),
                 "pidFile": str(triton.pid_file),
                 "loadTimeoutSeconds": config.load_timeout_seconds,

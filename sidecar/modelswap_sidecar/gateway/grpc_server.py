@@ -163,6 +163,8 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
             max_message_bytes=settings.max_message_bytes,
         )
         self._server: grpc.aio.Server | None = None
+        #: the port bound, once started
+        self.port = 0
 
     async def start(self) -> int:
         """Listen; the bound port."""
@@ -181,6 +183,7 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
             raise OSError(f"the gateway's gRPC port {self.settings.port} could not be bound")
         await server.start()
         self._server = server
+        self.port = int(port)
         logger.info(
             "gateway gRPC on %s:%d in front of Triton's gRPC at %s",
             self.settings.host,
