@@ -49,8 +49,10 @@ from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.app import start as start_control
 from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.engine.server import harden_process
+from modelswap_sidecar.gateway.app import GatewayRunner
 from modelswap_sidecar.gateway.app import make_app as make_gateway_app
 from modelswap_sidecar.gateway.app import start as start_gateway
+from modelswap_sidecar.gateway.grpc_server import GrpcFront, GrpcSettings
 from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.metrics import metrics_app
 
@@ -112,6 +114,10 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
         if settings.gateway_port:
             gateway_runner = await _serve_gateway(agent)
             stack.push_async_callback(gateway_runner.cleanup)
+        grpc_front = None
+        if settings.gateway_grpc_port and gateway_runner is not None:
+            grpc_front = await _serve_grpc(agent, gateway_runner)
+            stack.push_async_callback(grpc_front.stop)  # before the HTTP front's queues close
         tasks = [
             asyncio.create_task(agent.watch.run(), name="runtime-watch"),
             asyncio.create_task(agent.policy_loop.run(), name="policy-loop"),
@@ -128,6 +134,7 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
                 "controlPort": control_port,
                 "metricsPort": _port_of(metrics_runner) if metrics_runner else None,
                 "gatewayPort": gateway_port,
+                "gatewayGrpcPort": grpc_front.port if grpc_front else None,
                 "socket": str(settings.socket_path),
             },
         )
@@ -218,3 +225,25 @@ def write_endpoints(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc, sort_keys=True))
     os.replace(tmp, path)
+
+
+async def _serve_grpc(agent: Agent, gateway_runner: web.BaseRunner) -> GrpcFront:
+    """The gateway's gRPC front over the HTTP front's gateway (one set of queues, metrics
+    and request counts), forwarding to Triton's gRPC port."""
+    settings = agent.settings
+    assert isinstance(gateway_runner, GatewayRunner) and settings.triton.grpc_url
+    gateway = gateway_runner.app.gateway
+    front = GrpcFront(
+        gateway,
+        GrpcSettings(
+            upstream_target=settings.triton.grpc_url,
+            host=settings.gateway_host,
+            port=settings.gateway_grpc_port,
+            max_message_bytes=gateway.settings.max_body_bytes,
+        ),
+    )
+    try:
+        await front.start()
+    except (OSError, RuntimeError) as e:
+        raise StartupError(f"gateway.grpcPort {settings.gateway_grpc_port}: {e}") from e
+    return front

@@ -34,8 +34,11 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
               bodyTimeoutSeconds: 30, idleTimeoutSeconds: 75}
     metrics: {host: 0.0.0.0, port: 9090}     # port 0: no metrics server
     gateway: {host: 0.0.0.0, port: 8080,     # KServe v2 + OpenAI; port 0: no gateway
+              grpcPort: 8081,                # Triton's gRPC API (needs triton.grpcUrl);
+                                             # 0 or absent: no gRPC front
               bodyTimeoutSeconds: 60, idleTimeoutSeconds: 75}
     triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
+             grpcUrl: 127.0.0.1:8001,        # Triton's gRPC port (the gRPC front's)
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
              retryFailedSeconds: 60}
@@ -125,6 +128,9 @@ class KubeAccess:
 @dataclass(frozen=True, kw_only=True)
 class TritonEndpoint:
     url: str  # host:port of Triton's HTTP endpoint
+    #: host:port of Triton's gRPC endpoint (`triton.grpcUrl`): the gateway's gRPC front
+    #: forwards there; None: unknown (then no gRPC front).
+    grpc_url: str | None = None
     repository: Path
     #: Where the current Triton's pid is read (it changes when Triton restarts): a file
     #: holding the pid, or the supervisor's state file (`children.runtime.pid`).
@@ -184,6 +190,8 @@ class AgentSettings:
     gateway_host: str = "0.0.0.0"
     #: 0: no gateway.
     gateway_port: int = 0
+    #: `gateway.grpcPort`, the gateway's gRPC front (`gateway.grpc_server`); 0: none.
+    gateway_grpc_port: int = 0
     #: Longest a request's body may take once its headers arrived (408 after), and longest
     #: a connection may stay open without a complete request's headers (closed after): the
     #: control API's (`control.bodyTimeoutSeconds`, `idleTimeoutSeconds`) and the
@@ -267,6 +275,8 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
     policy = _get(doc, "policy", {})
     if not triton.get("url"):
         raise SettingsError("triton.url is required")
+    if int(_get(gateway, "grpcPort", 0) or 0) and not triton.get("grpcUrl"):
+        raise SettingsError("gateway.grpcPort needs triton.grpcUrl (Triton's gRPC host:port)")
     local_mode = bool(_get(doc, "localMode", False))
     tls_mode, tls_cert_file, tls_key_file = _control_tls(control)
     return AgentSettings(
@@ -298,12 +308,14 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         metrics_port=int(_get(metrics, "port", 0)),
         gateway_host=str(_get(gateway, "host", "0.0.0.0")),
         gateway_port=int(_get(gateway, "port", 0)),
+        gateway_grpc_port=int(_get(gateway, "grpcPort", 0) or 0),
         control_body_timeout_seconds=_positive(control, "bodyTimeoutSeconds", "control.") or 30.0,
         control_idle_timeout_seconds=_positive(control, "idleTimeoutSeconds", "control.") or 75.0,
         gateway_body_timeout_seconds=_positive(gateway, "bodyTimeoutSeconds", "gateway.") or 60.0,
         gateway_idle_timeout_seconds=_positive(gateway, "idleTimeoutSeconds", "gateway.") or 75.0,
         triton=TritonEndpoint(
             url=str(triton["url"]),
+            grpc_url=str(triton["grpcUrl"]) if triton.get("grpcUrl") else None,
             repository=_required_path(triton, "repository", "triton."),
             pid_file=_path(triton, "pidFile", "triton.", required=False),
             supervisor_state_file=_path(triton, "supervisorStateFile", "triton.", required=False),
