@@ -239,3 +239,96 @@ def test_error_messages_lose_stub_tracebacks_and_internal_paths() -> None:
     renamed = json.loads(rename_json(raw, "m-1", "batched"))["error"]
     assert "At:" not in renamed and "/var/lib" not in renamed and "batched_0_0" in renamed
     assert triton_message(b"data: " + raw) == public_message(STUB_FAILURE)
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        pytest.param(body(tensor("L", [1], "BYTES", data=["\ud800"])),
+                     "lone UTF-16 surrogate (\\ud800)", id="lone-surrogate"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters=[{}]),
+                     "parameters must be an object", id="request-parameters-list"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters={"sequence_id": 2**70}),
+                     "parameters.sequence_id: must be a string or an unsigned 64-bit integer",
+                     id="sequence-id"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters={"priority": -1}),
+                     "parameters.priority: must be an unsigned 64-bit integer", id="priority"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters={"timeout": "1"}),
+                     "parameters.timeout: must be", id="timeout"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters={"sequence_start": "yes"}),
+                     "parameters.sequence_start: must be true or false", id="sequence-start"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters={"binary_data_output": 1}),
+                     "parameters.binary_data_output: must be true or false", id="binary-output"),
+        pytest.param(body(tensor("I", [1], data=[1]), id=5), "id: must be a string", id="id"),
+        pytest.param(body(tensor("I", [1], data=[1]), outputs=[{"name": 5}]),
+                     "outputs[0]: name must be a string", id="output-name"),
+        pytest.param(body(tensor("I", [1], data=[1]), outputs=[{"name": "O", "parameters": 1}]),
+                     "output 'O': parameters must be an object", id="output-parameters"),
+        pytest.param(body(tensor("I", [1], data=[1]),
+                          outputs=[{"name": "O", "parameters": None}]),
+                     "output 'O': parameters must be an object", id="output-parameters-null"),
+        pytest.param(body(tensor("I", [1], data=[1]), parameters=None),
+                     "parameters must be an object", id="request-parameters-null"),
+        pytest.param(body(tensor("I", [1], data=[1]),
+                          outputs=[{"name": "O", "parameters": {"binary_data": "true"}}]),
+                     "output 'O': parameters.binary_data: must be true or false",
+                     id="output-binary"),
+        pytest.param(body(tensor("I", [1], data=[1]),
+                          outputs=[{"name": "O", "parameters": {"classification": 2**64}}]),
+                     "parameters.classification: must be an unsigned 64-bit integer",
+                     id="classification"),
+        pytest.param(body(tensor("I", [2], data=["a", "b"])),
+                     "input 'I': data holds \"a\"; FP32 data must be numbers", id="fp32-strings"),
+        pytest.param(body(tensor("I", [2], data=[True, 1.0])), "FP32 data must be numbers",
+                     id="fp32-bool"),
+        pytest.param(body(tensor("I", [2], data=[None, 1.0])), "FP32 data must be numbers",
+                     id="fp32-null"),
+        pytest.param(body(tensor("I", [2], "BYTES", data=["a", 5])),
+                     "data holds 5; BYTES data must be strings", id="bytes-number"),
+        pytest.param(body(tensor("I", [1], "BOOL", data=[1])), "BOOL data must be true or false",
+                     id="bool-number"),
+        pytest.param(body(tensor("I", [1], "INT32", data=[1.5])),
+                     "INT32 data must be integers within 64 bits", id="int-float"),
+        pytest.param(body(tensor("I", [1], "INT64", data=[2**63])),
+                     "INT64 data must be integers within 64 bits", id="int-past-64-bits"),
+        pytest.param(body(tensor("I", [1], "UINT8", data=[-1])),
+                     "UINT8 data must be non-negative integers", id="uint-negative"),
+        pytest.param(body(tensor("I", [1], data=[[{"x": 1}]])), "FP32 data must be numbers",
+                     id="nested-object"),
+    ],
+)  # fmt: skip
+def test_what_tritons_reader_would_fail_on_with_a_500_is_refused(raw: bytes, words: str) -> None:
+    """Each of these bodies was Triton's 500 (its JSON reader's failures are internal errors
+    to it) before the gateway refused them (the fuzz run, tests/integration/
+    test_reliability_fuzz.py, found them)."""
+    assert words in refused(raw)
+
+
+def test_values_each_datatype_holds_pass() -> None:
+    ok = body(
+        tensor("F", [4], data=[1, 2.5, float("nan"), -(2**70)]),
+        tensor("B", [2], "BOOL", data=[True, False]),
+        tensor("S", [2], "BYTES", data=["a", "\ud83d\ude00"]),
+        tensor("U", [1, 2], "UINT64", data=[[0, 2**64 - 1]]),
+        tensor("N", [1], "INT8", data=-(2**63)),
+        parameters={"sequence_id": "s", "priority": 1, "custom": [1]},
+        id="x",
+        outputs=[{"name": "O", "parameters": {"binary_data": True, "classification": 2}}],
+    )
+    assert [t.name for t in parse_infer(ok, None).inputs] == ["F", "B", "S", "U", "N"]
+    # an escaped backslash before `ud800` is no surrogate
+    assert parse_infer(body(tensor("S", [1], "BYTES", data=["\\ud800"])), None).inputs
+
+
+def test_generate_bodies_id_and_parameters_as_triton_reads_them() -> None:
+    assert json_object(b'{"text_input": "hi", "parameters": {"max_tokens": 2}}', "b")
+    for raw, words in [
+        (b'{"text_input": "hi", "parameters": "x"}', "parameters must be an object"),
+        (b'{"text_input": "hi", "parameters": [[{}]]}', "parameters must be an object"),
+        (b'{"text_input": "hi", "parameters": null}', "parameters must be an object"),
+        (b'{"text_input": "hi", "id": 5}', "id: must be a string"),
+        (b'{"text_input": "\\ud800 hi"}', "lone UTF-16 surrogate"),
+        (b'{"text_input": "hi", "parameters": {"sequence_end": 0}}', "sequence_end: must be"),
+    ]:
+        with pytest.raises(BadRequestError, match=words):
+            json_object(raw, "b")

@@ -18,7 +18,17 @@ parses the request's JSON header and refuses with 400, naming the input:
   is not exposed through the gateway, so a region a request names is one the node
   registered for itself, which no client may read or write;
 - `Inference-Header-Content-Length` that is not a decimal number (ASCII digits) no larger
-  than the body.
+  than the body;
+- what Triton's JSON reader fails on with its own 500 (it takes them for its errors, not
+  the client's): a string holding a lone UTF-16 surrogate (`"\\ud800"`, valid JSON text
+  that names no character); an `id` that is not a string; `parameters` (the request's, an
+  input's, an output's) that is not an object, or whose parameter Triton reads itself is
+  of another type (`sequence_id` a string or unsigned 64-bit integer, `priority` and
+  `timeout` unsigned 64-bit integers, `sequence_start`, `sequence_end`,
+  `binary_data_output` and an output's `binary_data` booleans, an output's
+  `classification` an unsigned 64-bit integer); JSON `data` holding a value its datatype
+  cannot hold (BYTES: strings; BOOL: booleans; integer types: integers within 64 bits,
+  unsigned ones not negative; floating-point types: numbers).
 
 Every input's bytes are therefore in the body the client sent (at most
 `max_body_bytes`): JSON data costs Triton at most 8 bytes per value, and a value takes at
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +74,69 @@ _BYTES_ELEMENT_MIN_BYTES = 4
 SHARED_MEMORY_PARAMETER = "shared_memory_region"
 #: Names and datatypes shown in messages are cut to this many characters.
 _SHOWN = 64
+_UINT64_MAX = (1 << 64) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: A `\\u` escape of a UTF-16 surrogate in JSON text (a pair is one character; a lone one is
+#: none, and Triton's reader fails on it with a 500).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _is_uint64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _UINT64_MAX
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_sequence_id(value: object) -> bool:
+    return isinstance(value, str) or _is_uint64(value)
+
+
+#: Parameters Triton reads itself, with what each must be (any other is passed on to the
+#: model, and Triton refuses a type it cannot pass with its own 400).
+_REQUEST_PARAMETERS = {
+    "sequence_id": (_is_sequence_id, "a string or an unsigned 64-bit integer"),
+    "sequence_start": (_is_bool, "true or false"),
+    "sequence_end": (_is_bool, "true or false"),
+    "binary_data_output": (_is_bool, "true or false"),
+    "priority": (_is_uint64, "an unsigned 64-bit integer"),
+    "timeout": (_is_uint64, "an unsigned 64-bit integer"),
+}
+_OUTPUT_PARAMETERS = {
+    "binary_data": (_is_bool, "true or false"),
+    "classification": (_is_uint64, "an unsigned 64-bit integer"),
+}
+
+
+def _holds_string(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _holds_signed(value: object) -> bool:
+    return type(value) is int and _INT64_MIN <= value <= _INT64_MAX
+
+
+def _holds_unsigned(value: object) -> bool:
+    return type(value) is int and 0 <= value <= _UINT64_MAX
+
+
+def _holds_number(value: object) -> bool:
+    return type(value) is float or type(value) is int
+
+
+#: What a JSON `data` value of each datatype must be (what Triton's reader takes for it),
+#: and how a message says so.
+_DATA_VALUES = {
+    BYTES: (_holds_string, "strings"),
+    "BOOL": (_is_bool, "true or false"),
+    **{t: (_holds_signed, "integers within 64 bits") for t in ("INT8", "INT16", "INT32", "INT64")},
+    **{
+        t: (_holds_unsigned, "non-negative integers within 64 bits")
+        for t in ("UINT8", "UINT16", "UINT32", "UINT64")
+    },
+    **{t: (_holds_number, "numbers") for t in ("FP16", "FP32", "FP64", "BF16")},
+}
 
 
 @dataclass(frozen=True)
@@ -123,8 +197,10 @@ def header_length(text: str | None, body_bytes: int) -> int | None:
 
 
 def json_object(raw: bytes, what: str) -> dict[str, Any]:
-    """`raw` as a JSON object; BadRequestError saying why it is not one (not UTF-8, say
-    UTF-16; not JSON; another JSON value). NaN and Infinity pass, as Triton takes them."""
+    """`raw` as the JSON object of a v2 request (`infer`'s header, a `generate` body);
+    BadRequestError saying why it is not one (not UTF-8, say UTF-16; not JSON; another
+    JSON value; a lone surrogate), or why Triton's reader would fail on its `id` or its
+    `parameters`. NaN and Infinity pass, as Triton takes them."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -139,7 +215,30 @@ def json_object(raw: bytes, what: str) -> dict[str, Any]:
         raise BadRequestError(f"{what} is not JSON: {str(e)[:200]}") from e
     if not isinstance(value, dict):
         raise BadRequestError(f"{what} must be a JSON object, not {type(value).__name__}")
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:  # a pair was read as one character; a lone surrogate cannot be encoded
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequestError(
+                f"{what} holds a string with a lone UTF-16 surrogate "
+                f"({e.object[e.start : e.end].encode('unicode_escape').decode()}), which "
+                "is no character"
+            ) from e
+    if "id" in value and not isinstance(value["id"], str):
+        raise BadRequestError("id: must be a string")
+    if "parameters" in value:
+        _check_parameters(value["parameters"], "parameters", _REQUEST_PARAMETERS)
     return value
+
+
+def _check_parameters(parameters: object, where: str, known: Mapping[str, tuple[Any, str]]) -> None:
+    """Given (`null` included: Triton refuses it with a 500), an object whose parameters
+    Triton reads itself are of their types."""
+    if not isinstance(parameters, dict):
+        raise BadRequestError(f"{where} must be an object")
+    for name, (holds, wanted) in known.items():
+        if name in parameters and not holds(parameters[name]):
+            raise BadRequestError(f"{where}.{name}: must be {wanted}")
 
 
 def parse_infer(body: bytes, length_text: str | None) -> InferRequest:
@@ -203,7 +302,7 @@ def _input(raw: object, index: int) -> TensorInput:
         return TensorInput(name, datatype, shape, size)
     if "data" not in raw:
         raise BadRequestError(f"{where}: carries neither data nor binary_data_size")
-    values = _count_values(raw["data"])
+    values = _count_values(raw["data"], datatype, where)
     if values != elements:
         raise BadRequestError(
             f"{where}: shape {shown_shape} holds {elements} elements, but data has {values}"
@@ -219,17 +318,24 @@ def _shape(raw: object, where: str) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _count_values(data: object) -> int:
-    """Values in `data`, nested lists flattened (v2 takes both forms)."""
-    if not isinstance(data, list):
-        return 1
+def _count_values(data: object, datatype: str, where: str) -> int:
+    """Values in `data`, nested lists flattened (v2 takes both forms); BadRequestError for
+    a value `datatype` cannot hold."""
+    holds, wanted = _DATA_VALUES[datatype]
     count = 0
-    stack: list[list[Any]] = [data]
+    stack: list[list[Any]] = [data if isinstance(data, list) else [data]]
     while stack:
-        items = stack.pop()
-        nested = [item for item in items if isinstance(item, list)]
-        count += len(items) - len(nested)
-        stack.extend(nested)
+        for item in stack.pop():
+            if type(item) is list:
+                stack.append(item)
+            elif holds(item):
+                count += 1
+            else:
+                shown = json.dumps(item, default=str)  # as JSON: 5 and "5" differ here
+                shown = shown[:_SHOWN] + ("…" if len(shown) > _SHOWN else "")
+                raise BadRequestError(
+                    f"{where}: data holds {shown}; {datatype} data must be {wanted}"
+                )
     return count
 
 
@@ -248,9 +354,15 @@ def _refuse_shared_memory_outputs(outputs: object) -> None:
     for index, output in enumerate(outputs):
         if not isinstance(output, dict):
             raise BadRequestError(f"outputs[{index}]: must be an object")
+        name = output.get("name")
+        if not isinstance(name, str):
+            raise BadRequestError(f"outputs[{index}]: name must be a string")
+        where = f"output {_shown(name)}"
         parameters = output.get("parameters", {})
-        if isinstance(parameters, dict) and SHARED_MEMORY_PARAMETER in parameters:
-            raise _shared_memory_error(f"output {_shown(output.get('name'))}")
+        _check_parameters(parameters, f"{where}: parameters", _OUTPUT_PARAMETERS)
+        assert isinstance(parameters, dict)  # for mypy: _check_parameters refused others
+        if SHARED_MEMORY_PARAMETER in parameters:
+            raise _shared_memory_error(where)
 
 
 def model_shape(config: object) -> ModelShape | None:
@@ -310,3 +422,13 @@ def _check_dims(
         raise BadRequestError(
             f"{where}: shape {list(tensor.shape)} does not fit {model}'s dims {wanted}"
         )
+
+
+def check_generate_config(body: Mapping[str, Any], shape: ModelShape, model: str) -> None:
+    """A `generate`/`generate_stream` body against the model's configuration: Triton makes
+    one input tensor per field that names an input, and a value its datatype cannot hold
+    (`"text_input": true` for a STRING input) was its 500. BadRequestError naming the
+    field."""
+    for name, declared in shape.inputs.items():
+        if name in body and declared.datatype in _DATA_VALUES:
+            _count_values(body[name], declared.datatype, f"{_shown(name)} ({model}'s input)")

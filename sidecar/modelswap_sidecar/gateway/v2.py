@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
@@ -211,21 +211,27 @@ async def _infer(call: Call) -> web.StreamResponse:
     _refuse_decoupled(route, "infer")
     body = await _read_body(call.gw, call.request)
     inputs = tensors.parse_infer(body, call.request.headers.get(INFER_HEADER_LENGTH))
-    return await _whole(call, route, "/infer", body, inputs)
+    return await _whole(
+        call, route, "/infer", body, lambda shape: tensors.check_config(inputs, shape, route.name)
+    )
 
 
 async def _generate(call: Call) -> web.StreamResponse:
     route = route_for(call)
     _refuse_decoupled(route, "generate")
     body = await _read_body(call.gw, call.request)
-    generation.check_generate_body(tensors.json_object(body, "the request's JSON"), route)
-    return await _whole(call, route, "/generate", body, None)
+    fields = tensors.json_object(body, "the request's JSON")
+    generation.check_generate_body(fields, route)
+    return await _whole(
+        call, route, "/generate", body,
+        lambda shape: tensors.check_generate_config(fields, shape, route.name),
+    )  # fmt: skip
 
 
-async def _check_inputs(exchange: Exchange, inputs: tensors.InferRequest) -> None:
-    """The inputs against the model's configuration: before any swap-in when the
-    configuration is known, else after it. Only the body's bounds hold when Triton gives
-    no configuration the gateway can read."""
+async def _check_inputs(exchange: Exchange, check: Callable[[tensors.ModelShape], None]) -> None:
+    """The inputs against the model's configuration (`check`, BadRequestError): before any
+    swap-in when the configuration is known, else after it. Only the body's bounds hold
+    when Triton gives no configuration the gateway can read."""
     gw, route = exchange.gw, exchange.route
     if gw.model_configs.get(route.triton_name) is None and not gw.directory.is_resident(route.uid):
         # the request is forwarded unless its configuration refuses it: swapped in (and its
@@ -239,7 +245,7 @@ async def _check_inputs(exchange: Exchange, inputs: tensors.InferRequest) -> Non
         return
     shape = tensors.model_shape(config)
     if shape is not None:
-        tensors.check_config(inputs, shape, route.name)
+        check(shape)
 
 
 def _lost(exchange: Exchange, tail: str, error: UpstreamError) -> None:
@@ -265,7 +271,11 @@ def _answer_length(text: str | None) -> int | None:
 
 
 async def _whole(
-    call: Call, route: ModelRoute, tail: str, body: bytes, inputs: tensors.InferRequest | None
+    call: Call,
+    route: ModelRoute,
+    tail: str,
+    body: bytes,
+    check: Callable[[tensors.ModelShape], None],
 ) -> web.StreamResponse:
     """A request with one answer: its inputs checked against the model's configuration,
     forwarded as is, its answer renamed."""
@@ -273,8 +283,7 @@ async def _whole(
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=False))
     try:
         headers = forwarded_headers(request.headers)
-        if inputs is not None:
-            await _check_inputs(exchange, inputs)
+        await _check_inputs(exchange, check)
         try:
             answer = await exchange.forward("POST", tail, body=body, headers=headers)
         except UpstreamError as e:
@@ -305,11 +314,15 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
     gw, request = call.gw, call.request
     route = route_for(call)
     body = await _read_body(gw, request)
-    generation.check_generate_body(tensors.json_object(body, "the request's JSON"), route)
+    fields = tensors.json_object(body, "the request's JSON")
+    generation.check_generate_body(fields, route)
     cap = generation.ResponseCap(route)
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
     try:
         headers = forwarded_headers(request.headers)
+        await _check_inputs(
+            exchange, lambda shape: tensors.check_generate_config(fields, shape, route.name)
+        )
         async with await exchange.forward(
             "POST", "/generate_stream", body=body, headers=headers
         ) as answer:
