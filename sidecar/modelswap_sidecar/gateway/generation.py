@@ -75,8 +75,9 @@ def _strings_bytes(value: object) -> int:
 
 
 def _shown(value: int) -> str:
-    text = str(value) if value.bit_length() < 200 else f"a {len(str(value))}-digit number"
-    return text
+    """`value` in the message, or its size when its digits would be longer than useful
+    (or than Python prints: 4,300 digits)."""
+    return str(value) if value.bit_length() < 200 else f"a number of {value.bit_length()} bits"
 
 
 class ResponseCap:
