@@ -73,6 +73,10 @@ class FakeLoader:
     async def unload(self, model: AgentModel, *, release_source: bool = True) -> None:
         self.calls.append(("unload", model.uid))
 
+    async def unload_dead(self, model: AgentModel) -> bool:
+        self.calls.append(("unload_dead", model.uid))
+        return True
+
 
 def model_of(name: str, serving: Serving, spec: dict[str, Any] = SPEC) -> AgentModel:
     entry = DesiredEntry(

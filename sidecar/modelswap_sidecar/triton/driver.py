@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _POLL_SECONDS = 0.05
+#: How long `unload_dead` waits for Triton to unload a model whose processes died before
+#: the model is loaded again anyway (an unload that can end takes well under a second).
+DEAD_UNLOAD_WAIT_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -186,20 +189,59 @@ class TritonDriver:
     async def unload(self, uid: str, *, timeout_seconds: float = 60.0) -> None:
         """Unload the model and wait until Triton has (its stubs have exited); idempotent."""
         name = triton_model_name(uid)
+        await self._ask_unload(name)
+        state = await self._unloaded_within(name, timeout_seconds)
+        if state is not None:
+            raise TritonError(f"{name} still {state} {timeout_seconds} s after unload")
+        self.repository.unlink(name)
+        log.info("unloaded %s (uid %s)", name, uid)
+
+    async def unload_dead(
+        self, uid: str, *, wait_seconds: float = DEAD_UNLOAD_WAIT_SECONDS
+    ) -> bool:
+        """Unload a model whose runtime processes are dead (killed, crashed), so that a load
+        starts new ones; whether Triton finished within `wait_seconds`.
+
+        Triton's unload waits for the requests the model holds; one that was in flight in
+        the dead process (a stream) never ends, so the model stays UNLOADING for good
+        (issue 26, item 5: the agent waited 60 s for it). Triton loads the model again
+        beside the copy still unloading (about 1.5 s measured), so the caller loads it
+        whether this finished or not; the repository link is kept for that load when it
+        did not. A refused unload ("not healthy") is a `TritonError`."""
+        name = triton_model_name(uid)
+        await self._ask_unload(name)
+        state = await self._unloaded_within(name, wait_seconds)
+        if state is None:
+            self.repository.unlink(name)
+            log.info("unloaded %s (uid %s), whose runtime process had exited", name, uid)
+            return True
+        log.warning(
+            "%s (uid %s) still %s %.1f s after its unload (a request its dead process held "
+            "never ends): loading it again beside it",
+            name,
+            uid,
+            state,
+            wait_seconds,
+        )
+        return False
+
+    async def _ask_unload(self, name: str) -> None:
         try:
             await self._call(f"unload of {name}", self._client.unload_model(name))
         except InferenceServerException as e:
             raise TritonError(f"Triton refused to unload {name}: {e.message()}") from e
+
+    async def _unloaded_within(self, name: str, timeout_seconds: float) -> str | None:
+        """None once Triton lists `name` unloaded (or not at all) within `timeout_seconds`;
+        else the state it is still in."""
         deadline = time.monotonic() + timeout_seconds
         while True:
             entry = (await self.repository_index()).get(name)
             if entry is None or entry.state in (None, "UNAVAILABLE"):
-                break
+                return None
             if time.monotonic() >= deadline:
-                raise TritonError(f"{name} still {entry.state} {timeout_seconds} s after unload")
+                return entry.state
             await asyncio.sleep(_POLL_SECONDS)
-        self.repository.unlink(name)
-        log.info("unloaded %s (uid %s)", name, uid)
 
     async def model_ready(self, uid: str) -> bool:
         name = triton_model_name(uid)

@@ -669,12 +669,14 @@ class Actuator:
 
     async def _unload_gone(self, model: AgentModel, why: str) -> None:
         """Out of Triton first (it would take a load of a model it still lists as a no-op,
-        its dead process unreplaced), then pending: placed and loaded again."""
+        its dead process unreplaced), then pending: placed and loaded again. The unload is
+        waited for briefly only: one that holds a request the dead process had in flight
+        never ends, and Triton loads the model again beside it (issue 26, item 5)."""
         async with self.lock_of(model.uid):
             if model.serving is not Serving.LOADED:
                 return
             try:
-                await self.loader.unload(model, release_source=False)
+                await self.loader.unload_dead(model)
             except TritonError as e:
                 log.warning("model %s: unloading its dead runtime failed: %s", model.uid, e)
             self._mark_for_reload(model, "ProcessExited", why)

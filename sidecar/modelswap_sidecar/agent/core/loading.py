@@ -10,6 +10,8 @@
                     (the engine applies `onSwapOut`, `kv` and the tiered KV pool's settings)
     unload(model)   unload from Triton (the stub exits; the engine keeps the host copy) and
                     release the source-cache entry
+    unload_dead(model)  the same for a model whose processes died, waiting only briefly
+                    (an unload holding a dead process's request never ends)
 
 Local mode's dev loop: a dev model (`dev_models` names it) is registered with the engine
 and never loaded into Triton; the developer's own process attaches as it.
@@ -238,3 +240,11 @@ class ModelLoader:
         if release_source and model.resolved is not None:
             self.resolver.release(model.resolved)
             model.resolved = None
+
+    async def unload_dead(self, model: AgentModel) -> bool:
+        """Out of Triton after its runtime processes died (`TritonDriver.unload_dead`: a
+        short wait, since an unload that holds a request of the dead process never ends);
+        the source-cache entry is kept for the load that follows. Whether Triton finished."""
+        if model.dev:  # a dev model was never loaded into Triton
+            return True
+        return await self.driver.unload_dead(model.uid)
