@@ -313,3 +313,36 @@ async def test_stream_to_a_swapped_out_decoupled_model(tmp_path: Path) -> None:
         assert w.metric("modelswap_gateway_requests_total", **labels(tokens), code="200") == 3
         assert w.g.directory.in_flight[tokens.uid] == 0
         assert w.g.served.gateway.metrics.in_flight_requests == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_a_drain_past_its_deadline_ends_a_grpc_stream_with_retry_information(
+    tmp_path: Path,
+) -> None:
+    pace = tmp_path / "pace"
+    pace.mkdir()
+    tokens = route("tokens", "team-a", decoupled=True)
+    async with grpc_world(tmp_path, [Served(tokens, "tokens", {"pace_dir": str(pace)})]) as w:
+        async with grpc.aio.insecure_channel(w.url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = service_pb2.ModelInferRequest(model_name="team-a/tokens", id="r")
+            request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+            text = b"held here"
+            request.raw_input_contents.append(len(text).to_bytes(4, "little") + text)
+            call = stub.ModelStreamInfer(iter([request]))
+            first = await call.read()  # token 0; the model now waits for go-1
+            assert first.infer_response.model_name == "tokens"
+            assert w.g.served.gateway.at_triton.count(tokens.triton_name) == 1
+            ended = w.g.served.app.end_requests(tokens.triton_name, "the swap-out's drain ended")
+            assert ended == 1
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            (pace / "go-1").touch()  # let the model's thread finish
+        e = caught.value
+        trailing = dict(e.trailing_metadata() or ())
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        assert trailing["modelswap-reason"] == "DrainDeadline" and "retry-after" in trailing
+        await until(lambda: w.g.directory.in_flight[tokens.uid] == 0, "stream finished", 10)
