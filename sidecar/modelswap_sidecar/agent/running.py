@@ -52,6 +52,13 @@ from modelswap_sidecar.engine.server import harden_process
 from modelswap_sidecar.gateway.app import GatewayRunner
 from modelswap_sidecar.gateway.app import make_app as make_gateway_app
 from modelswap_sidecar.gateway.app import start as start_gateway
+from modelswap_sidecar.gateway.connections import (
+    CapsError,
+    ConnectionLimiter,
+    control_caps,
+    metrics_caps,
+    open_files_limit,
+)
 from modelswap_sidecar.gateway.grpc_server import GrpcFront, GrpcSettings
 from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.metrics import metrics_app
@@ -59,6 +66,8 @@ from modelswap_sidecar.metrics import metrics_app
 log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "agent.json"
+#: A scraper's connection idle this long is closed (the control API's default, too).
+METRICS_IDLE_TIMEOUT_SECONDS = 75.0
 
 #: The agent's event loop: uvloop's (libuv, in C) rather than asyncio's own. The gateway's
 #: every request runs through it twice (client to gateway, gateway to Triton), and on the
@@ -104,7 +113,13 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # last out: the desired entries of the control API's last change reach the disk
         stack.push_async_callback(agent.backend.flush_desired)
-        control = await start_control(make_app(agent.service, TokenFile(settings.token_file)))
+        # Each server caps its client connections, so that a flood cannot take the fds the
+        # engine, Triton's connections and the state files need (gateway.connections).
+        limit = open_files_limit()
+        control = await start_control(
+            make_app(agent.service, TokenFile(settings.token_file)),
+            on_server=ConnectionLimiter(control_caps(limit), server="control API").attach,
+        )
         stack.push_async_callback(control.cleanup)
         metrics_runner = None
         if settings.metrics_port:
@@ -183,8 +198,15 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 async def _serve_metrics(agent: Agent) -> web.AppRunner:
-    runner = web.AppRunner(metrics_app(agent.registry))
+    # aiohttp's default keep-alive (an hour) would let idle scrapers' connections pile up
+    runner = web.AppRunner(
+        metrics_app(agent.registry), keepalive_timeout=METRICS_IDLE_TIMEOUT_SECONDS
+    )
     await runner.setup()
+    assert runner.server is not None
+    ConnectionLimiter(metrics_caps(open_files_limit()), server="metrics server").attach(
+        runner.server
+    )
     await web.TCPSite(runner, agent.settings.metrics_host, agent.settings.metrics_port).start()
     return runner
 
@@ -197,6 +219,9 @@ def gateway_settings(settings: AgentSettings) -> GatewaySettings:
         local_mode=settings.local_mode,
         body_timeout_seconds=settings.gateway_body_timeout_seconds,
         idle_timeout_seconds=settings.gateway_idle_timeout_seconds,
+        max_connections=settings.gateway_max_connections,
+        max_connections_per_address=settings.gateway_max_connections_per_address,
+        reserve_file_descriptors=settings.gateway_reserve_file_descriptors,
     )
 
 
@@ -211,7 +236,10 @@ async def _serve_gateway(agent: Agent) -> web.BaseRunner:
         asyncio.get_running_loop(),
         agent.settings.policy.drain_timeout_seconds,
     )
-    return await start_gateway(app)
+    try:
+        return await start_gateway(app)
+    except CapsError as e:
+        raise StartupError(str(e)) from e
 
 
 def _port_of(runner: web.BaseRunner) -> int:

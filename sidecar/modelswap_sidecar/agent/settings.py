@@ -36,7 +36,12 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
     gateway: {host: 0.0.0.0, port: 8080,     # KServe v2 + OpenAI; port 0: no gateway
               grpcPort: 8081,                # Triton's gRPC API (needs triton.grpcUrl);
                                              # 0 or absent: no gRPC front
-              bodyTimeoutSeconds: 60, idleTimeoutSeconds: 75}
+              bodyTimeoutSeconds: 60, idleTimeoutSeconds: 75,
+              maxConnections: null,          # client connections at most; null: the
+                                             # open-files limit less the reserve
+              maxConnectionsPerAddress: null,  # null: a quarter of maxConnections
+              reserveFileDescriptors: null}  # fds left to the rest of the agent; null: a
+                                             # quarter of the limit, 1024 to half of it
     triton: {url: 127.0.0.1:8000, repository: /var/lib/modelswap/repository,
              grpcUrl: 127.0.0.1:8001,        # Triton's gRPC port (the gRPC front's)
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
@@ -200,6 +205,11 @@ class AgentSettings:
     control_idle_timeout_seconds: float = 75.0
     gateway_body_timeout_seconds: float = 60.0
     gateway_idle_timeout_seconds: float = 75.0
+    #: `gateway.maxConnections`, `maxConnectionsPerAddress`, `reserveFileDescriptors`
+    #: (`GatewaySettings`); None: derived from the open-files limit when the gateway starts.
+    gateway_max_connections: int | None = None
+    gateway_max_connections_per_address: int | None = None
+    gateway_reserve_file_descriptors: int | None = None
     triton: TritonEndpoint
     policy: PolicyLoopSettings = PolicyLoopSettings()
     log_level: str = "info"
@@ -279,6 +289,17 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         raise SettingsError("gateway.grpcPort needs triton.grpcUrl (Triton's gRPC host:port)")
     local_mode = bool(_get(doc, "localMode", False))
     tls_mode, tls_cert_file, tls_key_file = _control_tls(control)
+    max_connections = _count(gateway, "maxConnections", "gateway.")
+    max_per_address = _count(gateway, "maxConnectionsPerAddress", "gateway.")
+    if (
+        max_connections is not None
+        and max_per_address is not None
+        and max_per_address > max_connections
+    ):
+        raise SettingsError(
+            f"gateway.maxConnectionsPerAddress: {max_per_address} is more than "
+            f"gateway.maxConnections ({max_connections})"
+        )
     return AgentSettings(
         node_name=str(node_name),
         local_mode=local_mode,
@@ -313,6 +334,9 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
         control_idle_timeout_seconds=_positive(control, "idleTimeoutSeconds", "control.") or 75.0,
         gateway_body_timeout_seconds=_positive(gateway, "bodyTimeoutSeconds", "gateway.") or 60.0,
         gateway_idle_timeout_seconds=_positive(gateway, "idleTimeoutSeconds", "gateway.") or 75.0,
+        gateway_max_connections=max_connections,
+        gateway_max_connections_per_address=max_per_address,
+        gateway_reserve_file_descriptors=_count(gateway, "reserveFileDescriptors", "gateway."),
         triton=TritonEndpoint(
             url=str(triton["url"]),
             grpc_url=str(triton["grpcUrl"]) if triton.get("grpcUrl") else None,
@@ -483,6 +507,18 @@ def _positive(doc: Mapping[str, Any], key: str, where: str) -> float | None:
     if number <= 0:
         raise SettingsError(f"{where}{key}: must be positive")
     return number
+
+
+def _count(doc: Mapping[str, Any], key: str, where: str) -> int | None:
+    """A whole number of at least 1 (connections, file descriptors); None when unset."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{where}{key}: not a whole number: {value!r}")
+    if value < 1:
+        raise SettingsError(f"{where}{key}: must be at least 1, not {value}")
+    return value
 
 
 _HEARTBEAT_KEYS = {

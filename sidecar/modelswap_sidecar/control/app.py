@@ -87,8 +87,11 @@ def ssl_context_of(settings: ControlSettings) -> ssl.SSLContext | None:
     return settings.tls.server_context() if settings.tls is not None else None
 
 
-async def start(app: web.Application) -> web.AppRunner:
-    """Serve `app` on the settings' host and port; the caller cleans the runner up."""
+async def start(
+    app: web.Application, *, on_server: Callable[[web.Server], None] | None = None
+) -> web.AppRunner:
+    """Serve `app` on the settings' host and port; the caller cleans the runner up.
+    `on_server` sees the server before it accepts a connection (the agent caps them)."""
     settings = app[SERVICE].settings
     ssl_context = ssl_context_of(settings)
     # No request body is decoded (aiohttp would inflate a gzip bomb inside the event loop,
@@ -101,6 +104,9 @@ async def start(app: web.Application) -> web.AppRunner:
         keepalive_timeout=settings.idle_timeout_seconds,
     )
     await runner.setup()
+    if on_server is not None:
+        assert runner.server is not None
+        on_server(runner.server)
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
     await site.start()
     logger.info(

@@ -18,6 +18,11 @@ them 503 `DrainDeadline`.
 
 Errors are answered as `{"error": message, "reason": reason}` on v2 routes and as OpenAI
 error objects on `/v1` routes, with `Retry-After` on 429 and 503 refusals.
+
+Client connections are capped (`connections`: `GatewaySettings.max_connections` in all,
+`max_connections_per_address` from one address, read against the open-files limit when the
+server starts): at a cap the longest-idle connections are closed to admit new ones, and a
+connection refused while none is idle has its request answered 503 `TooManyConnections`.
 """
 
 from __future__ import annotations
@@ -30,9 +35,17 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 
 from modelswap_sidecar.gateway import embeddings_handlers, openai, openai_handlers, v2
+from modelswap_sidecar.gateway.connections import (
+    ConnectionCollector,
+    ConnectionLimiter,
+    open_fds,
+    open_files_limit,
+    plan_caps,
+)
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
 from modelswap_sidecar.gateway.directory import ModelDirectory
 from modelswap_sidecar.gateway.errors import (
@@ -72,9 +85,17 @@ class GatewayApp:
         v2.add_routes(self.paths)
         openai_handlers.add_routes(self.paths)
         embeddings_handlers.add_routes(self.paths)
+        #: the server's connection caps, from `start`
+        self.limiter: ConnectionLimiter | None = None
+        #: connections refused at a cap, whose request is answered 503 (the limiter's)
+        self.refusing: set[RequestHandler] = set()
+        gateway.metrics.registry.register(ConnectionCollector(lambda: self.limiter))
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Route the request, answer errors, count it by model and status."""
+        refusing = self.refusing
+        if refusing and request.protocol in refusing:
+            return self._refuse_connection(request)
         gw = self.gateway
         metrics = gw.metrics
         metrics.in_flight_requests += 1
@@ -117,6 +138,25 @@ class GatewayApp:
             if call.admitted:
                 assert call.route is not None
                 gw.directory.request_finished(call.route.uid)
+
+    def _refuse_connection(self, request: web.BaseRequest) -> web.StreamResponse:
+        """A connection over a cap with none idle to close: 503, and the connection closes."""
+        call = Call(self.gateway, request)
+        limiter = self.limiter
+        assert limiter is not None
+        error = GatewayError(
+            f"the gateway holds its most connections ({limiter.caps.max_connections} in all, "
+            f"{limiter.caps.max_connections_per_address} from one address), all busy; "
+            "retry later",
+            retry_after_seconds=self.gateway.settings.retry_after_seconds,
+        )
+        error.status, error.reason = 503, "TooManyConnections"
+        if "/v1/" in request.path:
+            call.flavour = "openai"
+        response = error_response(call, error)
+        response.force_close()
+        self.gateway.metrics.answered(None, error.status)
+        return response
 
     def end_requests(self, triton_name: str, why: str) -> int:
         """End every request at Triton for the model `triton_name` (its connection to
@@ -203,7 +243,10 @@ class GatewayRunner(web.BaseRunner):
 
     async def _make_server(self) -> web.Server:
         await self.app.gateway.upstream.start()
-        return web.Server(self.app.handle, handler_cancellation=True, **self._kwargs)
+        server = web.Server(self.app.handle, handler_cancellation=True, **self._kwargs)
+        if self.app.limiter is not None:
+            self.app.limiter.attach(server)
+        return server
 
     async def _cleanup_server(self) -> None:
         await self.app.gateway.queues.close()
@@ -212,8 +255,20 @@ class GatewayRunner(web.BaseRunner):
 
 async def start(app: GatewayApp) -> GatewayRunner:
     """Serve `app` on its settings' host and port (port 0: any free one, see `bound_port`);
-    the caller cleans the runner up."""
+    the caller cleans the runner up. `connections.CapsError` (naming the field) when the
+    configured connection caps do not fit the open-files limit."""
     settings = app.gateway.settings
+    caps = plan_caps(
+        limit=open_files_limit(),
+        open_now=open_fds(),
+        max_connections=settings.max_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+        reserve_file_descriptors=settings.reserve_file_descriptors,
+    )
+    app.limiter = ConnectionLimiter(
+        caps, server="gateway", setting="gateway.maxConnections", answers_refusals=True
+    )
+    app.refusing = app.limiter.refusing
     # Bodies are decoded by `bodies.read_body`, in bounded steps (aiohttp would inflate a
     # gzip bomb inside the event loop); the keep-alive timer also bounds a connection that
     # trickles its headers, since it is not reset by bytes of an unfinished request.
@@ -227,7 +282,12 @@ async def start(app: GatewayApp) -> GatewayRunner:
     site = web.TCPSite(runner, settings.host, settings.port, backlog=LISTEN_BACKLOG)
     await site.start()
     logger.info(
-        "gateway on %s:%d in front of %s", settings.host, bound_port(runner), settings.upstream_url
+        "gateway on %s:%d in front of %s; at most %d client connections, %d from one address",
+        settings.host,
+        bound_port(runner),
+        settings.upstream_url,
+        caps.max_connections,
+        caps.max_connections_per_address,
     )
     return runner
 

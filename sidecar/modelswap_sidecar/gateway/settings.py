@@ -29,6 +29,17 @@ class GatewaySettings:
     #: Longest a connection may stay open without a complete request's headers: idle
     #: between keep-alive requests, or trickling its headers (closed after).
     idle_timeout_seconds: float = 75.0
+    #: Client connections open at once at most; past it the longest-idle are closed to
+    #: admit new ones, and new ones are refused while none is idle (`connections`). None:
+    #: the room `reserve_file_descriptors` leaves under the open-files limit at start.
+    max_connections: int | None = None
+    #: Client connections from one address at most; None: a quarter of `max_connections`.
+    max_connections_per_address: int | None = None
+    #: File descriptors the gateway's client connections leave to the rest of the agent
+    #: (the engine's model connections and memory chunks, Triton connections, the control
+    #: API and metrics servers, state files). None: a quarter of the open-files limit, at
+    #: least 1,024 and at most half of it.
+    reserve_file_descriptors: int | None = None
     #: Connections to Triton at most (more requests wait for one).
     upstream_connections: int = 256
     upstream_connect_timeout_seconds: float = 10.0
