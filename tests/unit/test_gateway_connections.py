@@ -296,7 +296,7 @@ async def test_one_address_is_held_to_its_own_cap() -> None:
 async def test_a_burst_is_logged_once_when_it_starts_and_once_when_it_is_over(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(connections, "QUIET_SECONDS", 0.3)
+    monkeypatch.setattr(connections, "QUIET_SECONDS", 1.0)
     caplog.set_level(logging.WARNING, logger=connections.__name__)
     async with gateway(max_connections=4, max_connections_per_address=4) as (served, client):
         await client.open_idle(2, "127.0.0.2")
