@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from examples.models.reference import mlp_checksum, mlp_forward, mlp_infer_body, mlp_input
 from tests.support.local_up import leftovers, start_up, stop_up, wait_pushed
@@ -112,6 +113,21 @@ class LocalMode:
         assert np.allclose(got, mlp_forward(x), rtol=1e-4, atol=1e-4)
         assert int(outputs["CHECKSUM"]["data"][0]) == mlp_checksum(32 * MIB)
 
+    def infer_mlp_grpc(self, seed: int) -> None:
+        """The same through the gateway's gRPC front, by the bare name (local mode)."""
+        x = mlp_input(seed)
+        client = grpcclient.InferenceServerClient(self.state["gatewayGrpcAddress"])
+        try:
+            tensor = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("classify", [tensor], client_timeout=60)
+        finally:
+            client.close()
+        assert result.get_response().model_name == "classify"
+        got = result.as_numpy("OUTPUT0").astype(np.float64)
+        assert np.allclose(got, mlp_forward(x), rtol=1e-4, atol=1e-4)
+        assert int(result.as_numpy("CHECKSUM").reshape(-1)[0]) == mlp_checksum(32 * MIB)
+
     def stop(self) -> int:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGINT)
@@ -155,6 +171,8 @@ def test_an_invalid_file_is_reported_by_field_and_skipped_while_the_rest_run_and
             what="classify to load",
         )
         local.infer_mlp(1)  # the valid file serves
+        local.infer_mlp_grpc(2)  # through the gRPC front too, at the address printed
+        assert f"gateway gRPC {local.state['gatewayGrpcAddress']}" in local.log()
         assert "broken" not in local.models()
         log = local.log()
         assert "skipped" in log and "broken.yaml" in log
@@ -178,6 +196,7 @@ def test_an_invalid_file_is_reported_by_field_and_skipped_while_the_rest_run_and
         assert row[:5] == ["classify", "classify", "local", "Resident", "32Mi"]
         assert row[5] != "<none>"  # the request above
         assert any("skipped:" in line and "broken.yaml" in line for line in lines)
+        assert f"gateway gRPC: {local.state['gatewayGrpcAddress']}" in lines
 
 
 @pytest.mark.slow

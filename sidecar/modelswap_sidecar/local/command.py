@@ -211,4 +211,6 @@ def run_status_command(args: argparse.Namespace) -> int:
     for problem in state.get("problems", []):
         print(printable(f"skipped: {problem}"))
     print(f"gateway: {state['gatewayUrl']}")
+    if state.get("gatewayGrpcAddress"):
+        print(f"gateway gRPC: {state['gatewayGrpcAddress']}")
     return 0

@@ -85,9 +85,15 @@ def agent_document(
     gateway_port: int,
     metrics_port: int,
     allocator: str = "sim",
+    grpc_port: int = 0,
+    triton_grpc_url: str | None = None,
 ) -> dict[str, Any]:
     """The agent's settings (see `agent/settings.py`) for local mode. `allocator` is the
-    resolved backend: sim GPUs from `sim_gpu_bytes`, or cuda-vmm over every capable GPU."""
+    resolved backend: sim GPUs from `sim_gpu_bytes`, or cuda-vmm over every capable GPU.
+    `grpc_port` (with `triton_grpc_url`, Triton's gRPC host:port): the gateway's gRPC front;
+    0: none."""
+    grpc = {"grpcPort": grpc_port} if grpc_port and triton_grpc_url else {}
+    triton_grpc = {"grpcUrl": triton_grpc_url} if grpc else {}
     run = settings.run_dir
     pace = {} if settings.pace_gbps is None else {"paceGBps": settings.pace_gbps}
     gpus = (
@@ -116,9 +122,10 @@ def agent_document(
             "graceSeconds": settings.unload_grace_seconds,
         },
         "metrics": {"host": "127.0.0.1", "port": metrics_port},
-        "gateway": {"host": settings.gateway_host, "port": gateway_port},
+        "gateway": {"host": settings.gateway_host, "port": gateway_port, **grpc},
         "triton": {
             "url": triton_url,
+            **triton_grpc,
             "repository": str(run.repository),
             "supervisorStateFile": str(run.supervisor_state),
             "loadTimeoutSeconds": 120,

@@ -114,6 +114,8 @@ def _announce(
     gateway_url: str,
     control_url: str,
     socket_path: Path,
+    *,
+    grpc_address: str,
 ) -> None:
     pace = settings.pace_gbps
     paced = "" if pace is None else f", copies paced to {pace:g} GB/s (scaled)"
@@ -122,6 +124,8 @@ def _announce(
         f"modelswap up: serving {settings.folder} (run dir {settings.run_dir.root})",
         f"  gateway      {gateway_url}   (KServe v2: /v2/models/<name>/infer, "
         "OpenAI: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings)",
+        f"  gateway gRPC {grpc_address}   (Triton's gRPC API: tritonclient.grpc, "
+        "perf_analyzer -i grpc; a bare model name, or <namespace>/<name>)",
         f"  control API  {control_url}   (token in {settings.run_dir.token_file})",
         f"  sim GPUs     {', '.join(f'{b >> 20}Mi' for b in settings.sim_gpu_bytes)}{paced}",
         f"  reload       {reload}",
@@ -192,6 +196,9 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
     ports = pick_ports(metrics=False)
     control_port = free_loopback_port()
     gateway_port = settings.gateway_port or free_loopback_port()
+    grpc_port = free_loopback_port()  # the gateway's gRPC front (Triton's gRPC API)
+    while grpc_port in (gateway_port, ports.http, ports.grpc, control_port):
+        grpc_port = free_loopback_port()
     triton_url = f"127.0.0.1:{ports.http}"
     metrics_port = free_loopback_port()
     document = agent_document(
@@ -201,6 +208,8 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         gateway_port=gateway_port,
         metrics_port=metrics_port,
         allocator=backend,
+        grpc_port=grpc_port,
+        triton_grpc_url=f"127.0.0.1:{ports.grpc}",
     )
     run.agent_settings.write_text(yaml.safe_dump(document, sort_keys=False))
     socket_path = settings_from_document(document).socket_path
@@ -240,6 +249,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
     if gateway_host in ("0.0.0.0", ""):
         gateway_host = "127.0.0.1"
     gateway_url = f"http://{gateway_host}:{gateway_port}"
+    grpc_address = f"{gateway_host}:{grpc_port}"
     control_url = f"http://127.0.0.1:{control_port}"
     base: dict[str, Any] = {
         "pid": os.getpid(),
@@ -248,6 +258,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         "runDir": str(run.root),
         "nodeName": settings.node_name,
         "gatewayUrl": gateway_url,
+        "gatewayGrpcAddress": grpc_address,
         "controlUrl": control_url,
         "metricsUrl": f"http://127.0.0.1:{metrics_port}/metrics",
         "tritonUrl": f"http://{triton_url}",
@@ -282,7 +293,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         dev_models_file=run.dev_models_file if settings.dev else None,
     )
     write_json(run.state_file, _state_doc(settings, base, None, running=True))
-    _announce(out, settings, gateway_url, control_url, socket_path)
+    _announce(out, settings, gateway_url, control_url, socket_path, grpc_address=grpc_address)
     watcher.start()
     try:
         code = supervisor.run(install_signal_handlers=True)
