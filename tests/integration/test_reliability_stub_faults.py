@@ -6,6 +6,10 @@ and loses no byte. Rows go to the `faults` section of docs/RELIABILITY.md (issue
 - a stub killed -9 while a stream it serves is in flight: Triton's unload of the model
   never ends (it waits for the dead request), which held the reload for the agent's 60 s
   unload timeout (item 5); the model must answer within the documented 30 s;
+- a stub stopped with SIGSTOP (it answers nothing, not even heartbeats): a swap-in that
+  needs its room waited out the drain, rolled back and failed for as long as it stayed
+  stopped (item 6); the agent must kill it past `policy.unresponsiveAfterSeconds`, so the
+  swap-in goes on, and load the frozen model again from its host copy.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import httpx
 import pytest
 
 from modelswap_sidecar.triton.naming import triton_model_name
+from modelswap_sidecar.triton.stubs import process_state
 from tests.support.agent_harness import MIB, AgentConfig, Node, entry, new_uid, node
 from tests.support.reliability import record
 
@@ -34,6 +39,10 @@ MODELS = ROOT / "tests" / "data" / "stub_faults"
 WEIGHTS_BYTES = 24 * MIB
 #: docs/AGENT.md, "Failures": a model whose process died answers again within this long
 ANSWERS_WITHIN_SECONDS = 30.0
+#: the test's policy.unresponsiveAfterSeconds (the least the agent takes)
+UNRESPONSIVE_AFTER_SECONDS = 10.0
+#: a heartbeat period (the client's) plus slack for two busy cores
+MARGIN_SECONDS = 12.0
 KEEP = {"idleAfter": "never", "minResident": "0s"}
 
 
@@ -163,3 +172,66 @@ async def test_a_stub_killed_with_a_stream_in_flight_answers_again_within_30_s(
             lost_bytes=0,
         )
         assert recovery < ANSWERS_WITHIN_SECONDS
+
+
+@pytest.mark.timeout(300)
+async def test_a_stopped_stub_is_killed_and_the_swap_in_needing_its_room_goes_on(
+    tmp_path: Path,
+) -> None:
+    policy = {"drainTimeoutSeconds": 40, "unresponsiveAfterSeconds": UNRESPONSIVE_AFTER_SECONDS}
+    async with node(tmp_path, config(**policy)) as n, triton_http(n) as http:
+        frozen, other = new_uid(), new_uid()
+        await n.control.desired([ticker(frozen, "frozen")])
+        await n.control.wait_state(frozen, "Resident", timeout_seconds=90)
+        await answer(http, frozen)
+        # `other` loads too (the GPU holds one of them: `frozen` is swapped out for it),
+        # then `frozen` is swapped back in: it holds the room `other` needs.
+        await n.control.desired([ticker(frozen, "frozen"), ticker(other, "other")])
+        await n.control.wait_state(other, "Resident", timeout_seconds=90)
+        await answer(http, other)
+        response = await n.control.swap(frozen, "in")
+        assert response.json()["outcome"] == "completed", response.text
+        await n.control.wait_state(other, "SwappedOut")
+        await answer(http, frozen)
+        stub = n.triton.stub_pids(frozen)
+        assert len(stub) == 1, stub
+
+        os.kill(stub[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            response = await n.control.swap(other, "in")
+            swapped_in = time.monotonic() - stopped
+            assert response.status_code == 200, response.text
+            assert response.json()["outcome"] == "completed", response.text
+            # It waited for the kill (the frozen model was its only victim), not the drain.
+            assert swapped_in < UNRESPONSIVE_AFTER_SECONDS + MARGIN_SECONDS, swapped_in
+            assert process_state(stub[0]) in ("", "Z"), process_state(stub[0])
+            await answer(http, other)
+
+            # The frozen model comes back from its host copy once it has room again.
+            response = await n.control.swap(other, "out")
+            assert response.json()["outcome"] == "completed", response.text
+            back, _ = await answers_within(http, frozen, ANSWERS_WITHIN_SECONDS, time.monotonic())
+            reloaded = time.monotonic() - stopped
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub[0], signal.SIGKILL)
+        assert back["RESTORED"], back
+        assert back["PID"] != stub[0]
+        held = await n.control.model(frozen)
+        assert held["hostBytes"] == WEIGHTS_BYTES, held
+        assert f"pid {stub[0]}, process state T" in n.agent.log_tail(200_000)  # stopped
+        assert "answered nothing (no heartbeat for" in n.agent.log_tail(200_000)
+        record(
+            "faults",
+            target="SIGSTOP model process (frozen) while another model's swap-in needs its room",
+            moment=f"policy.unresponsiveAfterSeconds {UNRESPONSIVE_AFTER_SECONDS:g}",
+            outcome=(
+                f"stopped stub killed; the swap-in completed {swapped_in:.1f} s after the stop; "
+                f"the frozen model answered from its host copy {reloaded:.1f} s after it"
+            ),
+            recovery_seconds=round(swapped_in, 2),
+            answers_checked=2,
+            wrong=0,
+            lost_bytes=0,
+        )

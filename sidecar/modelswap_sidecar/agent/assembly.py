@@ -33,6 +33,7 @@ from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.loops import PolicyLoop, RuntimeWatch
 from modelswap_sidecar.agent.core.records import AgentModel
+from modelswap_sidecar.agent.core.unresponsive import UnresponsiveRuntimes
 from modelswap_sidecar.agent.errors import StartupError
 from modelswap_sidecar.agent.gpu_setup import build_allocator, measure_links
 from modelswap_sidecar.agent.ports import reports
@@ -149,6 +150,7 @@ def build_engine(
     )
     engine_settings = EngineSettings(
         drain_timeout_seconds=settings.policy.drain_timeout_seconds,
+        unresponsive_after_seconds=settings.policy.unresponsive_after_seconds,
         reserve_bytes=inventory.reserve_bytes,
         overhead_bytes_per_process=settings.overhead_bytes_per_process,
         pace_bytes_per_second=sim_paces(settings, inventory),
@@ -244,6 +246,7 @@ async def build(
         reload_timeout_seconds=settings.triton.load_timeout_seconds,
     )
     actuator.listen(asyncio.get_running_loop())
+    UnresponsiveRuntimes(actuator, TritonVoucher(pid_source).kill).listen()
     stack.push_async_callback(actuator.close)
     sim = inventory.backend == "sim"
     backend = AgentBackend(

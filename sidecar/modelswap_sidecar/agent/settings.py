@@ -46,7 +46,9 @@ frozen dataclasses that are passed down. Nothing here reads the environment.
              grpcUrl: 127.0.0.1:8001,        # Triton's gRPC port (the gRPC front's)
              pidFile: null, supervisorStateFile: null, loadTimeoutSeconds: 600}
     policy: {intervalSeconds: 0.5, highWatermarkFraction: 0.95, lowWatermarkFraction: 0.85,
-             retryFailedSeconds: 60}
+             retryFailedSeconds: 60, drainTimeoutSeconds: 60,
+             unresponsiveAfterSeconds: 20}  # a model process with no heartbeat this long
+                                            # is killed and reloaded; 0: never
     # no policy defaults: each desired entry carries its effective policy (a `defaults`
     # key from an older config is ignored)
     kube:                           # cluster mode: SwapNode + node Lease (omit: none)
@@ -158,6 +160,11 @@ class PolicyLoopSettings:
     #: first ask) for one of them to become idle before it drains one (`WaitingForIdle`,
     #: docs/POLICY.md); past the actuator's 30 s admission deadline it drains one anyway.
     busy_victim_wait_seconds: float = 10.0
+    #: A model process (a Triton stub attached through the client library) that sent no
+    #: heartbeat for this long answers nothing (stopped, wedged; one busy with a long
+    #: request still sends them, every 5 s): the agent kills it and its model is loaded
+    #: again from the host copy (docs/AGENT.md, "Failures"). 0: never.
+    unresponsive_after_seconds: float = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,6 +360,7 @@ def settings_from_document(doc: Mapping[str, Any]) -> AgentSettings:
             retry_failed_seconds=float(_get(policy, "retryFailedSeconds", 60.0)),
             drain_timeout_seconds=float(_get(policy, "drainTimeoutSeconds", 60.0)),
             busy_victim_wait_seconds=_seconds_at_least_0(policy, "busyVictimWaitSeconds", 10.0),
+            unresponsive_after_seconds=_unresponsive_after(policy),
         ),
         log_level=str(_get(doc, "logLevel", "info")),
         json_logs=bool(_get(doc, "jsonLogs", True)),
@@ -483,6 +491,22 @@ def _cuda(doc: Any) -> CudaSettings:
         link_probe_bytes=probe_bytes,
         link_probe_timeout_seconds=_positive(doc, "linkProbeTimeoutSeconds", "cuda.") or 60.0,
     )
+
+
+#: Clients send a heartbeat every 5 s: a shorter deadline would end healthy processes.
+MIN_UNRESPONSIVE_AFTER_SECONDS = 10.0
+
+
+def _unresponsive_after(policy: Mapping[str, Any]) -> float:
+    """`policy.unresponsiveAfterSeconds`: 0 (never), or at least two heartbeat periods."""
+    value = _seconds_at_least_0(policy, "unresponsiveAfterSeconds", 20.0)
+    if 0 < value < MIN_UNRESPONSIVE_AFTER_SECONDS:
+        raise SettingsError(
+            f"policy.unresponsiveAfterSeconds: {value:g} is shorter than "
+            f"{MIN_UNRESPONSIVE_AFTER_SECONDS:g} s (model processes send a heartbeat every "
+            "5 s); 0 turns it off"
+        )
+    return value
 
 
 def _seconds_at_least_0(policy: Mapping[str, Any], key: str, default: float) -> float:

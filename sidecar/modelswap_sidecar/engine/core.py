@@ -24,7 +24,7 @@ from modelswap_sidecar.engine.attaching import Attacher
 from modelswap_sidecar.engine.budget import BudgetView
 from modelswap_sidecar.engine.errors import EngineError, UnknownModel
 from modelswap_sidecar.engine.events import SwapEvents, SwapListener
-from modelswap_sidecar.engine.heartbeats import Heartbeats
+from modelswap_sidecar.engine.heartbeats import Heartbeats, Unresponsive, UnresponsiveListener
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.ledger import GpuLedger
 from modelswap_sidecar.engine.protocol import ClientProtocol
@@ -38,7 +38,15 @@ from modelswap_sidecar.engine.table import ModelTable
 from modelswap_sidecar.engine.transport import PeerTransport
 from modelswap_sidecar.engine.vouching import Voucher
 
-__all__ = ["CHECKPOINTS", "Engine", "EngineSettings", "ModelStatus", "as_dict", "error_code_of"]
+__all__ = [
+    "CHECKPOINTS",
+    "Engine",
+    "EngineSettings",
+    "ModelStatus",
+    "Unresponsive",
+    "as_dict",
+    "error_code_of",
+]
 
 
 class Engine:
@@ -71,7 +79,12 @@ class Engine:
             checkpoint=checkpoint,
         )
         self._recovery = Recovery(self._table, self._ledger, self._swapper, store, settings)
-        self._heartbeats = Heartbeats(self._table, self._ledger, settings.heartbeat_timeout_seconds)
+        self._heartbeats = Heartbeats(
+            self._table,
+            self._ledger,
+            settings.heartbeat_timeout_seconds,
+            settings.unresponsive_after_seconds,
+        )
         attacher = Attacher(
             table=self._table,
             ledger=self._ledger,
@@ -154,6 +167,13 @@ class Engine:
             self.swap_in(name)
         else:
             decider(name)
+
+    def on_unresponsive(self, listener: UnresponsiveListener) -> None:
+        """Call `listener` (on the heartbeat watcher's thread) with each connected client
+        that sent no heartbeat for `settings.unresponsive_after_seconds`, once per silence.
+        The engine does nothing else about it: a socket that closes (the listener ended the
+        process) releases the client's memory, as for any dead client."""
+        self._heartbeats.on_unresponsive(listener)
 
     def subscribe(self, listener: SwapListener) -> None:
         """Call `listener` with every completed swap (from the thread that did it)."""

@@ -6,6 +6,7 @@ closing. Requests run on their connection's handler threads (`wire.Peer`, bounde
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,6 +105,7 @@ class ClientProtocol:
             inst.peer = peer
             inst.pid = pid
             inst.last_heartbeat = None
+            inst.registered_at = time.monotonic()
             self.table.bind(peer, model, instance)
             self.ledger.process_attached(m.config.gpu, pid, inst)
             body: dict[str, Any] = {

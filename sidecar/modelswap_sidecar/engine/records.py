@@ -63,6 +63,9 @@ class InstanceRecord:
     kv_host_file: StoredFile | None = None
     last_heartbeat: float | None = None  # time.monotonic() of the last one; not persisted
     heartbeat_late: bool = False  # logged as late, not heard from since
+    #: time.monotonic() of its registration: what its silence counts from before its first
+    #: heartbeat (`engine/heartbeats.py`); not persisted
+    registered_at: float | None = None
 
     @property
     def live(self) -> bool:

@@ -38,9 +38,13 @@ class EngineSettings:
     pace_bytes_per_second: dict[int, float] = field(default_factory=dict)
     #: the estimate per runtime process, used when the allocator measures nothing
     overhead_bytes_per_process: int = 0
-    #: a client silent for this long is logged (nothing else happens: the socket is the
-    #: liveness signal)
+    #: a client silent for this long is logged
     heartbeat_timeout_seconds: float = 30.0
+    #: a client that sent no heartbeat for this long answers nothing at all (a process
+    #: busy with a long request still sends them: see `engine/heartbeats.py`): it is
+    #: reported to `Engine.on_unresponsive`, whose listener (the agent) may end its
+    #: process; 0: never reported. Clients send one every 5 s.
+    unresponsive_after_seconds: float = 0.0
     # The client socket's limits (`engine/server.py`): what connections that are not (yet)
     # model processes can make the agent hold. A model process opens one connection per
     # instance it serves (and one per retry while it is refused, until the deadline below).

@@ -188,7 +188,7 @@ class Swapper:
                 live, failed = self._quiesce(m, live)
             finally:
                 gave_way = self._end_drain(m)
-            self._drop_gone(failed)
+            self._drop_gone(m, failed)
             if failed:
                 raise ClientFailed("; ".join(why for _, why in failed))
             if gave_way:  # the model was loading its weights: not a victim
@@ -215,7 +215,7 @@ class Swapper:
                     )
                     lst.append(st.fd)
                 _ok, failed = self._broadcast(m, live, Op.SAVE, bodies=bodies, fds=fds)
-                self._drop_gone(failed)
+                self._drop_gone(m, failed)
                 if failed:
                     raise ClientFailed("; ".join(why for _, why in failed))
                 self.checkpoint("swap_out.kv_saved")
@@ -328,11 +328,16 @@ class Swapper:
             m.draining = False
             return m.commit_joined_drain
 
-    def _drop_gone(self, failed: list[tuple[InstanceRecord, str]]) -> None:
-        """Instances whose process died mid-operation leave it; the rest decide the outcome."""
+    def _drop_gone(self, m: ModelRecord, failed: list[tuple[InstanceRecord, str]]) -> None:
+        """Instances whose process died mid-operation leave it; the rest decide the outcome.
+        A gone instance's chunks are released now, as its socket's `client_gone` would
+        (which waits for this operation's lock), so a swap-in making room counts them
+        free (issue 26, item 6: a frozen victim ended by the agent)."""
         for inst, _ in list(failed):
             if not inst.live:
                 failed.remove((inst, _))
+                if inst.mapped:
+                    self.ledger.release_instance(m.config.gpu, inst)
 
     # -- swap-in -------------------------------------------------------------------------
 

@@ -10,11 +10,19 @@ so "names the model" means: the program is `triton_python_backend_stub` and its 
 argument has a `<model>/<version>/` pair of path components. The model directory is the
 Triton model name (`m-<uid>`), which the driver chose, so it cannot be confused with another
 model's. A stale pid reused by an unrelated process fails both checks.
+
+The same checks guard `TritonVoucher.kill`: the agent ends a stub that answers nothing
+(issue 26, item 6) only while it is still that model's stub under the current Triton,
+through a pidfd opened before the checks, so a pid reused after them is never signalled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import logging
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +88,48 @@ def descendant_stub_pids(triton_pid: int, model_name: str, *, proc: Path = PROC)
     return sorted(found)
 
 
+class KillOutcome(enum.StrEnum):
+    KILLED = "killed"  # SIGKILL sent
+    GONE = "gone"  # no such process (any more)
+    NOT_A_STUB = "not-a-stub"  # not that model's stub under the current Triton: left alone
+    NOT_PERMITTED = "not-permitted"  # another uid's process, and no CAP_KILL
+
+
+def process_state(pid: int, *, proc: Path = PROC) -> str:
+    """The process's state letter from /proc (`T`: stopped, `Z`: exited, not reaped);
+    '' when it is gone or unreadable."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] if fields else ""
+
+
+def kill_stub(
+    triton_pid: int | None, pid: int, model_name: str, *, proc: Path = PROC
+) -> KillOutcome:
+    """SIGKILL `pid` if it is a stub of `model_name` under Triton `triton_pid`. The pidfd
+    is opened first: a pid reused after the checks names another process than the fd."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return KillOutcome.GONE
+    try:
+        if triton_pid is None or not vouches(triton_pid, pid, model_name, proc=proc):
+            return KillOutcome.NOT_A_STUB
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            return KillOutcome.GONE
+        except PermissionError:
+            return KillOutcome.NOT_PERMITTED
+        return KillOutcome.KILLED
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
+
+
 class TritonVoucher:
     """The engine's `Voucher` for models served by one Triton.
 
@@ -107,3 +157,7 @@ class TritonVoucher:
             log.debug("not vouching for pid %d as %r: no Triton or no such model", pid, model)
             return False
         return vouches(triton_pid, pid, name, proc=self._proc)
+
+    def kill(self, pid: int, model: str) -> KillOutcome:
+        """End `pid` (SIGKILL) if it is a stub of `model` under the current Triton."""
+        return kill_stub(self._triton_pid(), pid, self._triton_name(model) or "", proc=self._proc)

@@ -117,6 +117,9 @@ class Actuator:
         self._placing: NodeView | None = None
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: by UID: why the agent ended the model's runtime process (`agent/core/
+        #: unresponsive.py`), said when the model is loaded again (`ProcessUnresponsive`)
+        self.ended_runtimes: dict[str, str] = {}
 
     # -- swap events and waiting -------------------------------------------------------------
 
@@ -663,11 +666,13 @@ class Actuator:
             or self._instances(model) > 0
         ):
             return 0
-        why = f"its runtime process exited: {self._engine_reason(model)}"
-        self.spawn(self._unload_gone(model, why), f"unload-gone-{model.uid}")
+        ended = self.ended_runtimes.pop(model.uid, None)
+        why = ended or f"its runtime process exited: {self._engine_reason(model)}"
+        reason = "ProcessUnresponsive" if ended else "ProcessExited"
+        self.spawn(self._unload_gone(model, why, reason), f"unload-gone-{model.uid}")
         return 1
 
-    async def _unload_gone(self, model: AgentModel, why: str) -> None:
+    async def _unload_gone(self, model: AgentModel, why: str, reason: str) -> None:
         """Out of Triton first (it would take a load of a model it still lists as a no-op,
         its dead process unreplaced), then pending: placed and loaded again. The unload is
         waited for briefly only: one that holds a request the dead process had in flight
@@ -679,7 +684,7 @@ class Actuator:
                 await self.loader.unload_dead(model)
             except TritonError as e:
                 log.warning("model %s: unloading its dead runtime failed: %s", model.uid, e)
-            self._mark_for_reload(model, "ProcessExited", why)
+            self._mark_for_reload(model, reason, why)
         self.notify()
 
     def _engine_reason(self, model: AgentModel) -> str:
