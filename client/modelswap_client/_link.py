@@ -140,9 +140,10 @@ class AgentLink:
     def _heartbeats(self) -> None:
         """Tell the agent this process is alive, every `heartbeat_interval_seconds`.
 
-        The agent records the last one per client (status) and logs a silent one; the
-        socket closing, not a missed heartbeat, is what ends a client. A send that fails
-        (the agent restarting) is simply skipped; a removed model sends none.
+        The agent records the last one per client (status) and logs a silent one; one
+        silent past its `policy.unresponsiveAfterSeconds` answers nothing (this thread runs
+        beside any work in `in_use()`), and the agent kills a Triton stub so silent. A send
+        that fails (the agent restarting) is simply skipped; a removed model sends none.
         """
         interval = self._heartbeat_interval_seconds
         while not self._heartbeat_stop.wait(interval) and not self._gate.ended:
