@@ -64,7 +64,8 @@ class _Wire:
 
 @dataclass(frozen=True, kw_only=True, order=True)
 class Revision(_Wire):
-    """Leader term (the leader Lease's `leaseTransitions`) and a counter within the term."""
+    """Leader term (at least the leader Lease's `leaseTransitions`, above every term the
+    agents have seen: `modelswap_operator.terms`) and a counter within the term."""
 
     term: int
     counter: int

@@ -625,6 +625,27 @@ def create_event(
     )
 
 
+def patch_event(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    merge_patch: Mapping[str, Any],
+    *,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """Merge-patch a core v1 Event (an Event series' `count` and `lastTimestamp`, as
+    client-go's recorder does); NotFound once the API server expired it (its event TTL)."""
+    return _call(
+        f"patch event {namespace}/{name}",
+        client.CoreV1Api(api).patch_namespaced_event,
+        name,
+        namespace,
+        dict(merge_patch),
+        _content_type=_MERGE_PATCH,
+        timeout_seconds=timeout_seconds,
+    )
+
+
 def read_namespace(
     api: client.ApiClient, name: str, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
 ) -> dict[str, Any] | None:

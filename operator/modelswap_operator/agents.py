@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from modelswap_api.control import DesiredSet, DesiredSetResult, ErrorBody
+from modelswap_api.control import DesiredSet, DesiredSetResult, ErrorBody, NodeInfo
+from modelswap_api.errors import ContractError
 from modelswap_api.tls import pinned_context
 from modelswap_operator.errors import AgentError, AgentRefused, AgentUnreachable, AgentUntrusted
 
@@ -74,6 +75,14 @@ class AgentClient:
     async def put_desired(self, desired: DesiredSet) -> DesiredSetResult:
         body = await self._call("PUT", "/v1/desired", json=desired.to_dict())
         return DesiredSetResult.from_dict(body)
+
+    async def node(self) -> NodeInfo:
+        """`GET /v1/node`: among the rest, the highest revision the agent has seen."""
+        body = await self._call("GET", "/v1/node")
+        try:
+            return NodeInfo.from_dict(body)
+        except ContractError as e:
+            raise AgentError(f"GET /v1/node on node {self.address.node}: {e}") from e
 
     async def delete_model(self, uid: str) -> str:
         """Forget `uid` and its host-store bytes; the agent's reason (`Forgotten`,

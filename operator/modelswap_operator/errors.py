@@ -2,6 +2,7 @@
 
 OperatorError
 ├── SettingsError        a flag, environment value or defaults file is invalid
+├── TermExhausted        an agent has seen the highest term the control API allows
 └── AgentError           a node agent's control API call failed
     ├── AgentUnreachable connection refused, reset or timed out
     ├── AgentUntrusted   the agent's certificate is not the one its SwapNode publishes,
@@ -17,6 +18,10 @@ class OperatorError(Exception):
 
 
 class SettingsError(OperatorError):
+    pass
+
+
+class TermExhausted(OperatorError):  # noqa: N818 - a state, like the API's reasons
     pass
 
 

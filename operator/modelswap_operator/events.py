@@ -1,15 +1,25 @@
 """Kubernetes Events about ModelDeployments (what `kubectl describe md` shows).
 
-An Event is posted once per (object, reason, message): the loop recomputes every status
-each turn and must not repeat itself. Posting is best effort: a failed post is logged,
-never retried, never allowed to hold up the loop's other work.
+Every transition the loop reports is recorded, with the series semantics of core v1 Events
+that client-go's recorder (kubelet, the controllers) uses: the first occurrence of an
+(object, type, reason, message) creates an Event with `count` 1; each later occurrence
+bumps that Event's `count` and `lastTimestamp` (a merge patch), so `kubectl describe`
+shows "x3 over 5m" and the newest occurrence, never a stale one. An Event the API server
+has expired (its event TTL, an hour by default) answers NotFound to the bump: a new Event
+starts the series again. The caller decides what is a transition (`status.events_between`);
+the recorder never drops one.
+
+Posting is best effort: a failed post is logged, never retried, never allowed to hold up
+the loop's other work (the series then continues from what was last written).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,15 +28,20 @@ from modelswap_operator.kubeio import KubeIO
 
 log = logging.getLogger(__name__)
 COMPONENT = "modelswap-operator"
-#: Remembered (object, reason, message) triples; the oldest are dropped past this.
-_MEMORY = 20_000
+#: Series remembered (the least recently bumped are forgotten past this: their next
+#: occurrence starts a new Event, as after an operator restart).
+MEMORY = 20_000
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+SeriesKey = tuple[str, str, str, str]  # involved uid, type, reason, message
 
 
 def event_body(
     involved: Mapping[str, Any], kind: str, reason: str, message: str, now: datetime
 ) -> dict[str, Any]:
+    """The first Event of a series (`count` 1)."""
     metadata = involved["metadata"]
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = now.strftime(_TIME_FORMAT)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -52,20 +67,51 @@ def event_body(
     }
 
 
+def bump(count: int, now: datetime) -> dict[str, Any]:
+    """The merge patch that records one more occurrence of a series now at `count`."""
+    return {"count": count + 1, "lastTimestamp": now.strftime(_TIME_FORMAT)}
+
+
+@dataclass
+class _Series:
+    name: str
+    count: int
+
+
 class EventRecorder:
-    def __init__(self, io: KubeIO) -> None:
+    def __init__(self, io: KubeIO, *, clock: Callable[[], datetime] | None = None) -> None:
         self.io = io
-        self._posted: dict[tuple[str, str, str], None] = {}
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
 
     async def post(self, involved: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        key = (involved["metadata"]["uid"], reason, message)
-        if key in self._posted:
-            return
-        self._posted[key] = None
-        if len(self._posted) > _MEMORY:
-            self._posted.pop(next(iter(self._posted)))
-        body = event_body(involved, kind, reason, message, datetime.now(UTC))
+        """Record one occurrence: bump the series' Event, or create it."""
+        metadata = involved["metadata"]
+        namespace = str(metadata["namespace"])
+        key: SeriesKey = (str(metadata["uid"]), kind, reason, message[:1024])
+        now = self._clock()
+        series = self._series.get(key)
+        if series is not None:
+            try:
+                await self.io.call(
+                    kube.patch_event, namespace, series.name, bump(series.count, now)
+                )
+            except kube.NotFound:
+                del self._series[key]  # expired by the API server: a new series below
+            except kube.KubeError as e:
+                log.warning("could not bump Event %s (%s) for %s: %s", series.name, reason,
+                            key[0], e)  # fmt: skip
+                return
+            else:
+                series.count += 1
+                self._series.move_to_end(key)
+                return
+        body = event_body(involved, kind, reason, message, now)
         try:
-            await self.io.call(kube.create_event, involved["metadata"]["namespace"], body)
+            await self.io.call(kube.create_event, namespace, body)
         except kube.KubeError as e:
             log.warning("could not post Event %s for %s: %s", reason, key[0], e)
+            return
+        self._series[key] = _Series(name=body["metadata"]["name"], count=1)
+        while len(self._series) > MEMORY:
+            self._series.popitem(last=False)

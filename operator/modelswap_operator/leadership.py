@@ -12,7 +12,9 @@ with a Lease (coordination.k8s.io/v1) in the operator's namespace, as client-go 
   operator's desired sets by (term, counter) and refuse older revisions, so each
   acquisition must start a term no one used before: the identity carries a random nonce
   per process start (`unique_identity`), and even this process re-acquiring a Lease that
-  still names it counts a transition.
+  still names it counts a transition. A deleted Lease starts again at 0, so the term a
+  leader pushes under is raised above every term the agents have seen (`terms`,
+  `Reconciler`); `confirm()` proves it still leads before it does so mid-term.
 - `hold()` renews every `renew_interval_seconds` and raises `LeadershipLost` when a renewal
   finds another holder (or no Lease), or when no renewal has succeeded for
   `lease_duration_seconds` (another process may have taken over by then).
@@ -271,6 +273,22 @@ class LeaderElector:
             log.info("leading as %s, term %d (lease %s/%s)",
                      self.identity, self._term, self.namespace, self.name)  # fmt: skip
             return self._term
+
+    async def confirm(self) -> bool:
+        """Whether the Lease, read now, still names this process as its holder (and it
+        has not lost or released it). False when the Lease cannot be read: only a leader
+        that can prove it leads may raise its term above what the agents have seen
+        (`terms`), or a deposed leader that has not noticed yet would outrank its
+        successor."""
+        if not self._leading:
+            return False
+        try:
+            lease = await self._blocking(kube.read_lease, self.namespace, self.name)
+        except kube.KubeError as e:
+            log.warning("cannot read leader lease %s/%s: %s", self.namespace, self.name, e)
+            return False
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        return self._leading and holder == self.identity
 
     async def hold(self) -> NoReturn:
         """Renew the Lease every renew interval while leading; raise `LeadershipLost` when

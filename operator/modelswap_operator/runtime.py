@@ -2,10 +2,10 @@
 composition root), and the order things start and stop in.
 
 Start: the HTTP server (/healthz answers on a standby replica too), then the leader Lease
-(blocks until this replica leads: kopf's watches start only after), the control token,
-then the planner loop and the Lease holder. A replica that loses the Lease stops the loop
-at once (no push or status write after that) and calls `on_lost`, which makes
-`modelswap operator` exit.
+(blocks until this replica leads: kopf's watches start only after), the Lease holder
+(renewing from then on), the control token, then the planner loop. A replica that loses
+the Lease stops the loop at once (no push or status write after that) and calls
+`on_lost`, which makes `modelswap operator` exit.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class Runtime:
             metrics=self.metrics,
             term=lambda: self.elector.term or 0,
             tokens=self.tokens,
+            confirm_leading=self.elector.confirm,
         )
         self.lost = False
         self._leading = False
@@ -100,9 +101,17 @@ class Runtime:
         self._leading = True
         self.metrics.leader.set(1)
         log.info("%s leads (term %d)", self.identity, term)
-        await self.tokens.ensure()
-        self._loop = asyncio.create_task(self._run_loop(), name="planner-loop")
+        # Renewals start at once: the rest of the start (the token's first read, on a busy
+        # machine seconds) must not outlast the Lease, or a standby takes over meanwhile.
         self._holder = asyncio.create_task(self._hold(), name="leader-lease")
+        try:
+            await self.tokens.ensure()
+        except BaseException:
+            self._holder.cancel()
+            raise
+        if self.lost:
+            return  # lost while starting: on_lost has been called, nothing to run
+        self._loop = asyncio.create_task(self._run_loop(), name="planner-loop")
 
     async def _run_loop(self) -> None:
         try:

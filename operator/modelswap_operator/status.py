@@ -27,6 +27,13 @@ from modelswap_api.policy import EffectivePolicy
 
 #: Phases in which the node holds the model's bytes (GPU or host): it can serve.
 LOADED_PHASES = frozenset({"Resident", "SwappedOut", "SwappingIn", "SwappingOut"})
+#: Phases in which the node still answers for the model (loaded, or dropped and reloaded
+#: on the next request from its cached source).
+HELD_PHASES = LOADED_PHASES | {"Dropped"}
+#: The reason Loaded gives when the source's credentials cannot be resolved.
+CREDENTIALS_UNAVAILABLE = "CredentialsUnavailable"
+#: Reasons worth a Warning Event even on a True condition: something a user must fix.
+WARNING_REASONS = frozenset({CREDENTIALS_UNAVAILABLE})
 #: Reasons of a False condition that mean "on its way", worth a Normal Event, not a Warning.
 PROGRESS_REASONS = frozenset(
     {
@@ -56,6 +63,10 @@ class Verdict:
     #: Set when unplaceable, or when its entry or credentials cannot be sent.
     problem_field: str | None = None
     policy_invalid: bool = False
+    #: Set when the source's credentials cannot be resolved (the Secret is gone, or lacks
+    #: its key) while the node holds the model: it keeps serving, sent without
+    #: credentials, but a load from the source would fail. The message says why.
+    source_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,8 +173,17 @@ def _loaded(verdict: Verdict, observed: Observed) -> Condition:
         return Condition(type="Loaded", status="False", reason=push.reason,
                          message=push.message or f"the agent answered {push.outcome}")  # fmt: skip
     if hosted is not None and hosted.state in LOADED_PHASES:
+        if verdict.source_problem is not None:
+            return Condition(type="Loaded", status="True", reason=CREDENTIALS_UNAVAILABLE,
+                             message=f"held by node {verdict.node}, but the source is no "
+                                     f"longer reachable: {verdict.source_problem}; a load "
+                                     "from the source would fail")  # fmt: skip
         return Condition(type="Loaded", status="True", reason=hosted.state or "Resident",
                          message=f"held by node {verdict.node}")  # fmt: skip
+    if verdict.source_problem is not None:
+        return Condition(type="Loaded", status="False", reason=CREDENTIALS_UNAVAILABLE,
+                         message=f"the source is no longer reachable: "
+                                 f"{verdict.source_problem}")  # fmt: skip
     if hosted is not None and hosted.state == "Failed":
         return Condition(type="Loaded", status="False", reason=hosted.reason or "LoadFailed",
                          message=hosted.message or "the node failed to load the model")  # fmt: skip
@@ -248,7 +268,9 @@ def events_between(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> lis
         prior = before.get(condition["type"]) or {}
         if (prior.get("status"), prior.get("reason")) == (condition["status"], condition["reason"]):
             continue
-        if condition["status"] == "True" or condition["reason"] in PROGRESS_REASONS:
+        if condition["reason"] in WARNING_REASONS:
+            kind = "Warning"
+        elif condition["status"] == "True" or condition["reason"] in PROGRESS_REASONS:
             kind = "Normal"
         else:
             kind = "Warning"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from modelswap_api.control import DesiredSet, DesiredSetResult, EntryResult
+from modelswap_api.control import DesiredSet, DesiredSetResult, EntryResult, NodeInfo
 from modelswap_operator.cache import Cache
 from modelswap_operator.errors import AgentRefused
 from modelswap_operator.events import EventRecorder
@@ -97,6 +97,9 @@ class FakeAgent:
     def __init__(self, refuse: str | None = None) -> None:
         self.sets: list[DesiredSet] = []
         self.refuse = refuse
+
+    async def node(self) -> NodeInfo:
+        return NodeInfo(node_name="fake", agent_version="0")
 
     async def put_desired(self, desired: DesiredSet) -> DesiredSetResult:
         for index, entry in enumerate(desired.entries):
