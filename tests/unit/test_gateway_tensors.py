@@ -13,6 +13,7 @@ from modelswap_sidecar.gateway.errors import BadRequestError
 from modelswap_sidecar.gateway.rewrite import public_message, rename_json, triton_message
 from modelswap_sidecar.gateway.tensors import (
     check_config,
+    check_generate_config,
     header_length,
     json_object,
     model_shape,
@@ -332,3 +333,24 @@ def test_generate_bodies_id_and_parameters_as_triton_reads_them() -> None:
     ]:
         with pytest.raises(BadRequestError, match=words):
             json_object(raw, "b")
+
+
+def test_generate_fields_naming_an_input_hold_its_datatype() -> None:
+    """`"text_input": true` for a string input was Triton's 500 (the fuzz run found it)."""
+    shape = model_shape(
+        {"input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+                   {"name": "MAX_TOKENS", "data_type": "TYPE_INT32", "dims": [1]}]}
+    )  # fmt: skip
+    assert shape is not None
+    check_generate_config({"text_input": "hi", "MAX_TOKENS": 3, "other": True}, shape, "m")
+    check_generate_config({"text_input": ["a", ["b"]], "parameters": {"x": 1}}, shape, "m")
+    for body, words in [
+        ({"text_input": True}, "'text_input' (m's input): data holds true; BYTES data must be"),
+        ({"text_input": [1]}, "data holds 1; BYTES data must be strings"),
+        ({"text_input": None}, "data holds null"),
+        ({"MAX_TOKENS": "3"}, 'data holds "3"; INT32 data must be integers'),
+        ({"MAX_TOKENS": 1.5}, "INT32 data must be integers"),
+    ]:
+        with pytest.raises(BadRequestError) as e:
+            check_generate_config(body, shape, "m")
+        assert words in e.value.message, e.value.message

@@ -221,3 +221,22 @@ async def test_a_request_triton_dropped_is_logged_and_counted(
         status, _, _ = await w.post(PATH, infer_body([1]), **HOST)
         assert status == 200
         assert w.served.metric("modelswap_gateway_upstream_lost_total", **labels) == 1
+
+
+@pytest.mark.asyncio
+async def test_generate_bodies_triton_would_fail_on_are_a_400_before_triton() -> None:
+    """Triton answered these with its own 500 (the fuzz run found them): a field naming a
+    string input holding no string, `parameters` null, a non-string `id`."""
+    async with world() as w:
+        w.triton.configs[BERT.triton_name] = BATCHED_CONFIG  # LABEL: TYPE_STRING
+        headers = {"Content-Type": "application/json", **HOST}
+        for path in ("/v2/models/bert/generate", "/v2/models/bert/generate_stream"):
+            for raw, words in [
+                (b'{"LABEL": true}', "'LABEL' (bert's input): data holds true; BYTES data"),
+                (b'{"LABEL": ["a", [5]]}', "data holds 5; BYTES data must be strings"),
+                (b'{"text_input": "a", "parameters": null}', "parameters must be an object"),
+                (b'{"text_input": "a", "id": 7}', "id: must be a string"),
+            ]:
+                status, body = await post_raw(w, path, raw, headers)
+                assert status == 400 and words in body["error"], (path, raw, body)
+        assert infers(w) == []
