@@ -225,7 +225,10 @@ async def test_a_stopped_stub_is_killed_and_the_swap_in_needing_its_room_goes_on
         record(
             "faults",
             target="SIGSTOP model process (frozen) while another model's swap-in needs its room",
-            moment=f"policy.unresponsiveAfterSeconds {UNRESPONSIVE_AFTER_SECONDS:g}",
+            moment=(
+                "resident and idle; the other model's swap-in asked at once "
+                f"(policy.unresponsiveAfterSeconds {UNRESPONSIVE_AFTER_SECONDS:g})"
+            ),
             outcome=(
                 f"stopped stub killed; the swap-in completed {swapped_in:.1f} s after the stop; "
                 f"the frozen model answered from its host copy {reloaded:.1f} s after it"
