@@ -179,7 +179,8 @@ class Attachment:
 
     def report_kv(self, report: Callable[[], dict[str, int]] | None) -> None:
         """Send `report()` with every heartbeat (`KvSessionStore.report`: KV blocks by
-        tier, sessions, hits, misses, evictions, tokens reused and recomputed). None
+        tier, sessions, hits, misses, evictions, tokens reused and recomputed); the agent
+        keeps the last one per instance and exports it as `modelswap_kv_*` metrics. None
         stops it."""
         self._link.kv_report = report
 

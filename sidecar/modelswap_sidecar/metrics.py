@@ -21,6 +21,10 @@ Read at scrape time from a provider callable (state, not events):
     modelswap_model_state{uid,namespace,model,state}                1 for the current state, 0 else
     modelswap_model_resident_bytes / modelswap_model_host_bytes {uid,namespace,model}
     modelswap_kv_blocks{uid,namespace,model,tier}                   tier device|host
+    modelswap_kv_session_hits_total / _misses_total / _evictions_total {uid,namespace,model}
+    modelswap_kv_tokens_reused_total / _recomputed_total {uid,namespace,model}
+      (the KV figures are what the model processes' session stores report with their
+      heartbeats, `modelswap_client.kv_sessions`; counters restart with the process)
 
 Measured once at start (cuda-vmm's link probe; `register_link_metrics`):
 
@@ -46,7 +50,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from modelswap_sidecar.engine.states import EngineState
@@ -90,6 +94,11 @@ class ModelSample:
     host_bytes: int
     kv_device_blocks: int = 0
     kv_host_blocks: int = 0
+    kv_hits: int = 0
+    kv_misses: int = 0
+    kv_evictions: int = 0
+    kv_tokens_reused: int = 0
+    kv_tokens_recomputed: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,6 +305,39 @@ def _model_families(models: Sequence[ModelSample]) -> Iterator[Metric]:
         "KV-cache blocks of a model by tier (device, host).",
         labels=(*MODEL_LABELS, "tier"),
     )
+    kv_counters = [
+        (
+            CounterMetricFamily(name, documentation, labels=MODEL_LABELS),
+            attribute,
+        )
+        for name, documentation, attribute in (
+            (
+                "modelswap_kv_session_hits_total",
+                "Turns that found their session's KV cache with its prefix intact.",
+                "kv_hits",
+            ),
+            (
+                "modelswap_kv_session_misses_total",
+                "Turns without a KV cache (new or evicted session) or whose bytes were lost.",
+                "kv_misses",
+            ),
+            (
+                "modelswap_kv_session_evictions_total",
+                "Sessions evicted from the KV tiers (whole, or their host blocks).",
+                "kv_evictions",
+            ),
+            (
+                "modelswap_kv_tokens_reused_total",
+                "Prefix tokens whose cached K/V a turn used instead of computing them.",
+                "kv_tokens_reused",
+            ),
+            (
+                "modelswap_kv_tokens_recomputed_total",
+                "Cached tokens computed again because their K/V was lost (discard, eviction).",
+                "kv_tokens_recomputed",
+            ),
+        )
+    ]
     known = [s.value for s in EngineState]
     for model in models:
         labels = model.model.values()
@@ -305,7 +347,10 @@ def _model_families(models: Sequence[ModelSample]) -> Iterator[Metric]:
         host.add_metric(labels, model.host_bytes)
         kv.add_metric((*labels, "device"), model.kv_device_blocks)
         kv.add_metric((*labels, "host"), model.kv_host_blocks)
+        for family, attribute in kv_counters:
+            family.add_metric(labels, getattr(model, attribute))
     yield from (state, resident, host, kv)
+    yield from (family for family, _ in kv_counters)
 
 
 def metrics_app(registry: CollectorRegistry) -> web.Application:

@@ -22,6 +22,7 @@ from modelswap_client.client import Attachment, RegionSpec, attach  # noqa: E402
 from modelswap_client.kv_sessions import KvSessionStore  # noqa: E402
 from modelswap_client.kvpool import Tier  # noqa: E402
 from tests.support.engine_procs import AgentProc, shm_procs  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 MIB = 1 << 20
 MODEL = "m"
@@ -81,6 +82,7 @@ class World:
             MODEL,
             [RegionSpec("weights", 4 * MIB), RegionSpec("kv", 1 * MIB, "kv")],
             socket_path=agent.socket,
+            heartbeat_interval_seconds=0.1,  # the KV report rides the heartbeats
         )
         self.model = build()
         mstorch.adopt(self.att, self.model)  # the weights swap too
@@ -88,6 +90,7 @@ class World:
         self.store = KvSessionStore(
             self.kv, namespace="ns", model=MODEL, max_sessions=4, hold=self.att.in_use
         )
+        self.att.report_kv(self.store.report)
 
     def chat(self, sid: str, ids: Any) -> tuple[Any, Any]:
         with self.store.turn(sid, ids, self.model) as turn:
@@ -97,6 +100,10 @@ class World:
                 )
             turn.keep(out)
         return out, turn
+
+    def agent_kv(self) -> dict[str, int]:
+        doc: dict[str, int] = self.agent.status()["models"][MODEL]["kv"]
+        return doc
 
     def swap_out(self) -> None:
         self.agent.ok(cmd="swap_out", model=MODEL)
@@ -150,6 +157,13 @@ def test_preserve_continues_after_a_swap_with_the_same_tokens_and_no_recompute(
         assert w.att.kv_generation == generation
     stats = w.store.stats()
     assert stats.tokens_recomputed == 0 and stats.hits == 2 and stats.misses == 2
+    # the agent has what the store counted (its heartbeats carry it)
+    want = stats.as_doc()
+    kv = wait_for(
+        lambda: w.agent_kv() == want and w.agent_kv(),
+        what=f"the agent's kv report to read {want}",
+    )
+    assert kv["tokens_reused"] > 0 and kv["device_blocks"] == stats.device_blocks
 
 
 def test_discard_recomputes_from_token_ids_and_never_reads_stale_kv(
@@ -187,3 +201,7 @@ def test_discard_recomputes_from_token_ids_and_never_reads_stale_kv(
         assert torch.equal(out2, plain(w.reference, again))
         assert turn2.reused_tokens == out.shape[1] - 1 and turn2.recomputed_tokens == 0
     assert w.store.stats().tokens_recomputed == recomputed
+    wait_for(
+        lambda: w.agent_kv().get("tokens_recomputed") == recomputed,
+        what="the agent to count the recomputed tokens",
+    )

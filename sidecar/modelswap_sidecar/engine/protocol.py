@@ -22,7 +22,7 @@ from modelswap_sidecar.engine.errors import (
 from modelswap_sidecar.engine.heartbeats import Heartbeats
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.ledger import GpuLedger
-from modelswap_sidecar.engine.records import InstanceRecord
+from modelswap_sidecar.engine.records import InstanceRecord, KvReport, ModelRecord
 from modelswap_sidecar.engine.recovery import Recovery
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.table import ModelTable
@@ -70,6 +70,7 @@ class ClientProtocol:
             m = self.table.get(binding[0])
             inst = m.instances[binding[1]]
             if message.op is Op.HEARTBEAT:
+                self._take_kv_report(m, inst, message)
                 return self.heartbeats.beat(m, inst, message)
             if message.op is Op.ATTACH:
                 return self.attacher.attach(m, inst, message)
@@ -87,6 +88,20 @@ class ClientProtocol:
         except RemoteError as e:
             message.close_fds()
             return error_reply(message, 0, e.code, e.message)
+
+    @staticmethod
+    def _take_kv_report(m: ModelRecord, inst: InstanceRecord, message: Message) -> None:
+        """Keep the KV report a heartbeat carries (the model's `modelswap_kv_*` metrics);
+        one that is not a report is dropped and the last one kept: the heartbeat itself
+        is still answered."""
+        doc = message.body.get("kv")
+        if doc is None:
+            return
+        report = KvReport.from_doc(doc)
+        if report is None:
+            log.debug("model %s instance %s: a heartbeat's kv report is not one", m.name, inst.name)
+            return
+        inst.kv_report = report
 
     def _register(self, peer: Peer, message: Message) -> Message:
         model = str(message.body.get("model", ""))

@@ -46,6 +46,54 @@ class RegionRecord:
         return sum(c.size_bytes for c in self.chunks)
 
 
+#: a KV report's figures are counts; one past this is no count a process could hold
+KV_REPORT_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class KvReport:
+    """What a model process's KV session store said with its last heartbeat (the client's
+    `KvSessionStore.report`): blocks held per tier and sessions now, counters since the
+    process started. Zeros: no report."""
+
+    sessions: int = 0
+    device_blocks: int = 0
+    host_blocks: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    tokens_reused: int = 0
+    tokens_recomputed: int = 0
+
+    @classmethod
+    def from_doc(cls, doc: object) -> KvReport | None:
+        """The report in a heartbeat's `kv` document; None when it is not one (not an
+        object, or a known figure that is not a count in [0, 2^63)). Unknown keys are
+        left out, missing ones are 0."""
+        if not isinstance(doc, dict):
+            return None
+        figures: dict[str, int] = {}
+        for name in cls.__dataclass_fields__:
+            value = doc.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None
+            if not 0 <= value <= KV_REPORT_MAX:
+                return None
+            figures[name] = value
+        return cls(**figures)
+
+    def __add__(self, other: KvReport) -> KvReport:
+        return KvReport(
+            **{
+                name: getattr(self, name) + getattr(other, name)
+                for name in self.__dataclass_fields__
+            }
+        )
+
+    def as_doc(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
 @dataclass(slots=True)
 class InstanceRecord:
     name: str
@@ -62,6 +110,8 @@ class InstanceRecord:
     #: writable (never a weight copy); kept across swaps and client restarts
     kv_host_file: StoredFile | None = None
     last_heartbeat: float | None = None  # time.monotonic() of the last one; not persisted
+    #: the KV report of its last heartbeat that carried one; not persisted
+    kv_report: KvReport = field(default_factory=KvReport)
     heartbeat_late: bool = False  # logged as late, not heard from since
     #: time.monotonic() of its registration: what its silence counts from before its first
     #: heartbeat (`engine/heartbeats.py`); not persisted

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelswap_sidecar.engine.records import CopyReport
+from modelswap_sidecar.engine.records import CopyReport, KvReport
 from modelswap_sidecar.engine.states import EngineState
 
 
@@ -27,6 +27,8 @@ class ModelStatus:
     last_heartbeat_ages_seconds: dict[str, float | None] = field(default_factory=dict)
     #: what the last swap-in copied and how fast; `scaled` when paced (sim emulation)
     last_swap_in_copy: CopyReport = field(default_factory=CopyReport)
+    #: the KV reports of its live instances' last heartbeats, summed
+    kv: KvReport = field(default_factory=KvReport)
 
 
 def as_dict(status: ModelStatus) -> dict[str, Any]:
@@ -45,4 +47,5 @@ def as_dict(status: ModelStatus) -> dict[str, Any]:
         "reason": status.reason,
         "last_heartbeat_ages_seconds": status.last_heartbeat_ages_seconds,
         "last_swap_in_copy": status.last_swap_in_copy.as_doc(),
+        "kv": status.kv.as_doc(),
     }

@@ -15,7 +15,13 @@ import time
 from modelswap_api.wire import Peer
 from modelswap_sidecar.engine.errors import UnknownModel, WrongState
 from modelswap_sidecar.engine.hoststore import HostStore
-from modelswap_sidecar.engine.records import InstanceRecord, ModelConfig, ModelRecord, to_doc
+from modelswap_sidecar.engine.records import (
+    InstanceRecord,
+    KvReport,
+    ModelConfig,
+    ModelRecord,
+    to_doc,
+)
 from modelswap_sidecar.engine.states import PHASES, EngineState, check_transition
 from modelswap_sidecar.engine.status import ModelStatus
 
@@ -139,6 +145,7 @@ class ModelTable:
                     for i in m.live_instances()
                 },
                 m.last_swap_in_copy,
+                sum((i.kv_report for i in m.live_instances()), KvReport()),
             )
 
     def statuses(self) -> list[ModelStatus]:

@@ -144,6 +144,24 @@ def node_info(
     return NodeInfo(node_name=node_name, agent_version=agent_version, gpus=tuple(gpus))
 
 
+def kv_report_of(engine: Engine, model: AgentModel) -> dict[str, int]:
+    """The model's KV figures as `ModelSample` fields: what its processes' session stores
+    reported with their last heartbeats (none: no fields, zeros)."""
+    status = status_of(engine, model)
+    if status is None:
+        return {}
+    kv = status.kv
+    return {
+        "kv_device_blocks": kv.device_blocks,
+        "kv_host_blocks": kv.host_blocks,
+        "kv_hits": kv.hits,
+        "kv_misses": kv.misses,
+        "kv_evictions": kv.evictions,
+        "kv_tokens_reused": kv.tokens_reused,
+        "kv_tokens_recomputed": kv.tokens_recomputed,
+    }
+
+
 def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, ...]) -> NodeSample:
     gpus = []
     for ordinal, uuid in enumerate(gpu_uuids):
@@ -161,6 +179,7 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
         )
     # the `model` label is the name users call (the gateway's series carry the same)
     names = {m.uid: user_name_of(m.entry) for m in models}
+    kv = {m.uid: kv_report_of(engine, m) for m in models}
     samples = [
         ModelSample(
             model=ModelLabels(
@@ -169,6 +188,7 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
             state=info.state,
             resident_bytes=info.resident_bytes,
             host_bytes=info.host_bytes,
+            **kv.get(info.uid, {}),
         )
         for info in model_infos(engine, models, gpu_uuids)
     ]
