@@ -191,7 +191,8 @@ def for_attachment(
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
 ) -> PoolTensors:
     """The tiered pool over KV region `tag` of `att` (`Attachment.kv_pool`), sized for
-    `config`'s K/V, with torch views of its blocks and the attachment's `kv_generation`."""
+    `config`'s K/V, with torch views of its blocks and the attachment's `kv_generation`.
+    Build one per region and keep it: two pools over one region hand out the same blocks."""
     shape = kv_shape_of(config, dtype=dtype, tokens_per_block=tokens_per_block)
     if tag not in att.regions:
         raise ClientError(

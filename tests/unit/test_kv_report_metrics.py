@@ -83,3 +83,22 @@ def test_the_report_becomes_the_models_kv_metrics() -> None:
     assert value("modelswap_kv_session_evictions_total", LABELS) == 1
     assert value("modelswap_kv_tokens_reused_total", LABELS) == 900
     assert value("modelswap_kv_tokens_recomputed_total", LABELS) == 40
+
+
+def test_a_heartbeat_keeps_the_last_valid_report_and_drops_one_that_is_not() -> None:
+    from modelswap_api.wire import Message, Op
+    from modelswap_sidecar.engine.protocol import ClientProtocol
+    from modelswap_sidecar.engine.records import InstanceRecord, ModelConfig, ModelRecord
+
+    inst = InstanceRecord("i0")
+    model = ModelRecord(ModelConfig("m", 0))
+
+    def beat(body: dict[str, Any]) -> None:
+        ClientProtocol._take_kv_report(model, inst, Message(Op.HEARTBEAT, 1, 1, body, []))
+
+    beat({"kv": DOC})
+    assert inst.kv_report == KvReport(**DOC)
+    beat({"kv": {"hits": -5}})  # not a report: the last one stays
+    assert inst.kv_report == KvReport(**DOC)
+    beat({})  # a heartbeat without one changes nothing
+    assert inst.kv_report == KvReport(**DOC)

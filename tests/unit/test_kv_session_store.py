@@ -170,3 +170,14 @@ def test_forget_gives_the_blocks_back() -> None:
     s.forget("u")
     assert kv.pool.hbm_blocks_free == 16 and kv.pool.host_blocks_free == 32
     assert s.stats().sessions == 0
+
+
+def test_a_turn_needs_one_sequence_of_at_least_one_token() -> None:
+    model = llama()
+    s = store(Kv(model))
+    with pytest.raises(ClientError, match="at least one input token"), s.turn("u", [], model):
+        pass
+    with pytest.raises(ClientError, match="batch of 2"), s.turn("u", [[1, 2], [3, 4]], model):
+        pass
+    with pytest.raises(ValueError, match="max_sessions"):
+        store(Kv(model), max_sessions=0)

@@ -214,3 +214,28 @@ def test_pool_tensors_refuse_a_pool_of_another_block_size() -> None:
     other = KvShape(2, 2, 8, "float32", 16)
     with pytest.raises(ClientError, match="needs"):
         PoolTensors(kv.pool, other, kv.hbm)
+
+
+class FakeRegion:
+    def __init__(self, kind: str, size_bytes: int) -> None:
+        self.kind, self.size_bytes = kind, size_bytes
+
+
+class FakeAttachment:
+    """Only what `for_attachment` reads before it asks for a pool."""
+
+    def __init__(self, regions: dict[str, FakeRegion]) -> None:
+        self.regions = regions
+
+    def kv_pool(self, tag: str, **_: int) -> None:
+        raise AssertionError("no pool may be built for a region that cannot hold one")
+
+
+def test_for_attachment_names_a_missing_or_too_small_kv_region() -> None:
+    from modelswap_client.kv_cache import for_attachment
+
+    config = llama().config
+    with pytest.raises(ClientError, match=r"no region 'kv' .*kvCacheBytes"):
+        for_attachment(FakeAttachment({"weights": FakeRegion("weights", 1 << 20)}), config)  # type: ignore[arg-type]
+    with pytest.raises(ClientError, match="less than one block"):
+        for_attachment(FakeAttachment({"kv": FakeRegion("kv", 100)}), config)  # type: ignore[arg-type]
