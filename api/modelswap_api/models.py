@@ -254,6 +254,8 @@ class SwapNodeStatus(_Wire):
     agent_version: str | None = None
     endpoint: str | None = None
     gateway_endpoint: str | None = None
+    #: `grpc://host:port` of the gateway's gRPC front (Triton's gRPC API); None: not served.
+    gateway_grpc_endpoint: str | None = None
     #: PEM of the control API's serving certificate: the operator trusts exactly it for
     #: `endpoint` (`modelswap_api.tls.pinned_context`); unset with plain HTTP.
     certificate: str | None = None

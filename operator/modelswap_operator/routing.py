@@ -1,10 +1,13 @@
 """One Service and one EndpointSlice per ModelDeployment, pointing at its node's gateway.
 
 The Service has no selector: the operator writes its EndpointSlice, whose one endpoint is
-the hosting node's gateway (the address and port its SwapNode's `gatewayEndpoint` names),
-and rewrites it when the model moves. The gateway takes the namespace from the Host a
-request was sent to (`<service>.<namespace>.svc…`) and the model from the path, so the
-Service is named after the ModelDeployment and `status.endpoint` is its DNS name.
+the hosting node's gateway (the address and port its SwapNode's `gatewayEndpoint` names,
+and the port of `gatewayGrpcEndpoint` where the node serves the gateway's gRPC front: a
+second port, `grpc`, with `appProtocol: grpc`), and rewrites it when the model moves. The
+gateway takes the namespace from the Host a request was sent to
+(`<service>.<namespace>.svc…`) and the model from the path (a gRPC request names the
+namespace in its model name or metadata: docs/GATEWAY.md, "gRPC"), so the Service is
+named after the ModelDeployment and `status.endpoint` is its DNS name.
 Both objects are owned by the ModelDeployment (garbage-collected with it) and labelled as
 ours; a Service of the same name that is not ours is left alone and reported.
 
@@ -29,6 +32,8 @@ MANAGED_BY = "modelswap"
 DEPLOYMENT_LABEL = "modelswap.io/model-deployment"
 SLICE_MANAGER = "operator.modelswap.io"
 SERVICE_PORT = 80
+#: The Service's gRPC port: Triton's own default, where gRPC clients of Triton look first.
+GRPC_SERVICE_PORT = 8001
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -42,6 +47,8 @@ class Gateway:
 
     host: str
     port: int
+    #: the gateway's gRPC port (`gatewayGrpcEndpoint`, on the same host); None: not served
+    grpc_port: int | None = None
 
     @classmethod
     def parse(cls, endpoint: str | None) -> Gateway | None:
@@ -51,6 +58,16 @@ class Gateway:
         if parts.hostname is None or parts.port is None:
             return None
         return cls(parts.hostname, parts.port)
+
+    @classmethod
+    def of_node(cls, status: Mapping[str, Any]) -> Gateway | None:
+        """A SwapNode status's gateway: `gatewayEndpoint`, with the port of
+        `gatewayGrpcEndpoint` when it names one on the same host."""
+        gateway = cls.parse(status.get("gatewayEndpoint"))
+        grpc = cls.parse(status.get("gatewayGrpcEndpoint"))
+        if gateway is None or grpc is None or grpc.host != gateway.host:
+            return gateway
+        return cls(gateway.host, gateway.port, grpc.port)
 
     @property
     def address_type(self) -> str:
@@ -94,18 +111,18 @@ def _metadata(name: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, 
 
 def service_body(namespace: str, owner: Mapping[str, Any], gateway: Gateway) -> dict[str, Any]:
     name = service_name(owner["name"])
+    ports: list[dict[str, Any]] = [
+        {"name": "http", "port": SERVICE_PORT, "targetPort": gateway.port, "protocol": "TCP"}
+    ]
+    if gateway.grpc_port is not None:
+        ports.append({"name": "grpc", "port": GRPC_SERVICE_PORT, "targetPort": gateway.grpc_port,
+                      "protocol": "TCP", "appProtocol": "grpc"})  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(name, namespace, owner),
-        "spec": {
-            "type": "ClusterIP",
-            "ports": [
-                {"name": "http", "port": SERVICE_PORT, "targetPort": gateway.port,
-                 "protocol": "TCP"}
-            ],
-        },
-    }  # fmt: skip
+        "spec": {"type": "ClusterIP", "ports": ports},
+    }
 
 
 def endpoint_slice_body(
@@ -127,8 +144,16 @@ def endpoint_slice_body(
         "endpoints": [
             {"addresses": [gateway.host], "conditions": {"ready": ready}, "nodeName": node}
         ],
-        "ports": [{"name": "http", "port": gateway.port, "protocol": "TCP"}],
-    }
+        "ports": [
+            {"name": "http", "port": gateway.port, "protocol": "TCP"},
+            *(
+                [{"name": "grpc", "port": gateway.grpc_port, "protocol": "TCP",
+                  "appProtocol": "grpc"}]
+                if gateway.grpc_port is not None
+                else []
+            ),
+        ],
+    }  # fmt: skip
 
 
 def _ours(body: Mapping[str, Any] | None) -> bool:

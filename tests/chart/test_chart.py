@@ -315,6 +315,8 @@ def test_node_config_loads_with_the_real_settings_code(
     assert agent.kube.heartbeat.lease_namespace == "modelswap-node-leases"
     assert agent.control_tls == "auto"
     assert agent.gateway_port == 8080 and agent.metrics_port == 9090
+    # the gateway's gRPC front, forwarding to Triton's gRPC port
+    assert agent.gateway_grpc_port == 8081 and agent.triton.grpc_url == "127.0.0.1:8001"
     assert agent.allocator == "auto" and len(agent.gpus) == 8  # sim fallback: one per GPU
     assert agent.gpu_reserve_bytes == 2 << 30
     assert agent.host_store_capacity_bytes == 16 << 30
@@ -422,6 +424,22 @@ def test_control_port_admits_only_the_operator(rendered: list[dict[str, Any]]) -
     assert rule["ports"] == [{"port": 9443, "protocol": "TCP"}]
     (peer,) = rule["from"]
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+
+
+def test_the_gateway_grpc_port_is_a_container_port_and_open_like_the_gateway(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    (container,) = find(rendered, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "gateway-grpc", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    (rule,) = find(rendered, "NetworkPolicy", "ms-modelswap-node-gateway")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}, {"port": 8081, "protocol": "TCP"}]
+    # 0 turns the gRPC front off: no port, no rule, and the agent serves none
+    off = render({**VALUE_SETS["sim"], "node": {**VALUE_SETS["sim"].get("node", {}),
+                                               "ports": {"gatewayGrpc": 0}}}, tmp_path)  # fmt: skip
+    (container,) = find(off, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert "gateway-grpc" not in [p["name"] for p in container["ports"]]
+    (rule,) = find(off, "NetworkPolicy", "ms-modelswap-node-gateway")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
 
 
 def test_no_monitoring_namespace_admits_nobody_to_metrics(tmp_path: Path) -> None:

@@ -101,7 +101,8 @@ async def test_swapnode_appears_with_node_labels_taints_owner_and_report(
     api = kube.api_client(str(cluster.kubeconfig_path))
     try:
         report = NodeReport(agent_version="0.1.0", endpoint="http://10.1.2.3:9443",
-                            gateway_endpoint="http://10.1.2.3:8080", gpus=(GPU,),
+                            gateway_endpoint="http://10.1.2.3:8080",
+                            gateway_grpc_endpoint="grpc://10.1.2.3:8081", gpus=(GPU,),
                             models=(HostedModel(uid="u-1", namespace="team-a", name="llama",
                                                 state="Resident", gpu="sim-0",
                                                 resident_bytes=1 << 20),))  # fmt: skip
@@ -120,6 +121,8 @@ async def test_swapnode_appears_with_node_labels_taints_owner_and_report(
             {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
         ]
         assert status["agentVersion"] == "0.1.0" and status["endpoint"] == "http://10.1.2.3:9443"
+        assert status["gatewayEndpoint"] == "http://10.1.2.3:8080"
+        assert status["gatewayGrpcEndpoint"] == "grpc://10.1.2.3:8081"  # kept by the CRD
         assert status["gpus"] == [GPU.to_dict()]
         assert status["models"][0]["name"] == "llama" and status["models"][0]["state"] == "Resident"
 

@@ -98,3 +98,42 @@ async def test_a_model_routed_before_is_read_first() -> None:
     router = routing.Router(io)  # type: ignore[arg-type]
     await router.ensure("default", OWNER, GATEWAY, "node-a", True)
     assert io.calls == ["read_service", "read_endpoint_slice"]
+
+
+async def test_a_node_serving_grpc_gets_a_second_port_with_app_protocol_grpc() -> None:
+    status = {
+        "gatewayEndpoint": "http://10.0.0.7:8080",
+        "gatewayGrpcEndpoint": "grpc://10.0.0.7:8081",
+    }
+    gateway = routing.Gateway.of_node(status)
+    assert gateway == routing.Gateway("10.0.0.7", 8080, 8081)
+    service = routing.service_body("default", OWNER, gateway)
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+        {
+            "name": "grpc",
+            "port": 8001,
+            "targetPort": 8081,
+            "protocol": "TCP",
+            "appProtocol": "grpc",
+        },
+    ]
+    slice_ = routing.endpoint_slice_body("default", OWNER, gateway, "node-a", ready=True)
+    assert slice_["ports"] == [
+        {"name": "http", "port": 8080, "protocol": "TCP"},
+        {"name": "grpc", "port": 8081, "protocol": "TCP", "appProtocol": "grpc"},
+    ]
+    # a node without the gRPC front (or naming another host for it): HTTP only, as before
+    for other in ({"gatewayEndpoint": "http://10.0.0.7:8080"},
+                  {**status, "gatewayGrpcEndpoint": "grpc://10.0.0.9:8081"}):  # fmt: skip
+        plain = routing.Gateway.of_node(other)
+        assert plain == GATEWAY
+        assert [
+            p["name"] for p in routing.service_body("default", OWNER, plain)["spec"]["ports"]
+        ] == ["http"]
+    assert routing.Gateway.of_node({}) is None
+    # the node starting to serve gRPC changes what is written: the router updates both
+    io = FakeIO(existing(ours=True))
+    router = routing.Router(io)  # type: ignore[arg-type]
+    await router.ensure("default", OWNER, gateway, "node-a", True, new=True)
+    assert "patch_service" in io.calls and "replace_endpoint_slice" in io.calls

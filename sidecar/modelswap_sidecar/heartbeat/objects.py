@@ -81,6 +81,7 @@ def desired_status(report: NodeReport, node: NodeFacts) -> dict[str, Any]:
         agent_version=report.agent_version,
         endpoint=report.endpoint,
         gateway_endpoint=report.gateway_endpoint,
+        gateway_grpc_endpoint=report.gateway_grpc_endpoint,
         certificate=report.certificate,
         gpus=report.gpus,
         node_labels=dict(node.labels),

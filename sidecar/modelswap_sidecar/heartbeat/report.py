@@ -21,6 +21,8 @@ class NodeReport:
     endpoint: str | None = None
     #: URL of the agent's gateway.
     gateway_endpoint: str | None = None
+    #: `grpc://host:port` of the gateway's gRPC front; None: not served.
+    gateway_grpc_endpoint: str | None = None
     #: PEM of the control API's serving certificate, which the operator pins.
     certificate: str | None = None
     gpus: tuple[GpuStatus, ...] = ()

@@ -88,6 +88,7 @@ async def node_heartbeat(
     products: Sequence[str] | None = None,
     certificate_pem: str | None = None,
     api: Any = None,
+    gateway_grpc_port: int | None = None,
 ) -> AsyncIterator[Heartbeat | None]:
     """`links`/`products` per GPU (cuda-vmm: probed at start); None: sim links.
     `certificate_pem`: the control API's serving certificate, published in the SwapNode
@@ -111,6 +112,7 @@ async def node_heartbeat(
         products=products,
         control_endpoint=url(scheme, host, control_port),
         gateway_endpoint=url("http", host, gateway_port) if gateway_port else None,
+        gateway_grpc_endpoint=url("grpc", host, gateway_grpc_port) if gateway_grpc_port else None,
         certificate_pem=certificate_pem,
     )
     kubeconfig = str(access.kubeconfig) if access.kubeconfig is not None else None

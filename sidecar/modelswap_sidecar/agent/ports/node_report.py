@@ -90,6 +90,7 @@ class NodeReporter:
         control_endpoint: str | None,
         gateway_endpoint: str | None,
         certificate_pem: str | None = None,
+        gateway_grpc_endpoint: str | None = None,
     ) -> None:
         """`links` per GPU (cuda-vmm: the probed links), or sim links at `link_gbps`;
         `certificate_pem`: the control API's serving certificate (None: plain HTTP)."""
@@ -108,6 +109,7 @@ class NodeReporter:
         self.products = tuple(products) if products is not None else None
         self.control_endpoint = control_endpoint
         self.gateway_endpoint = gateway_endpoint
+        self.gateway_grpc_endpoint = gateway_grpc_endpoint
         self.certificate_pem = certificate_pem
         self.request_times = RequestTimeSteps()
 
@@ -150,6 +152,7 @@ class NodeReporter:
             agent_version=self.agent_version,
             endpoint=self.control_endpoint,
             gateway_endpoint=self.gateway_endpoint,
+            gateway_grpc_endpoint=self.gateway_grpc_endpoint,
             certificate=self.certificate_pem,
             gpus=gpus,
             models=tuple(models),
