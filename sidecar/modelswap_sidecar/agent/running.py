@@ -171,6 +171,7 @@ async def run(agent: Agent, stop: asyncio.Event) -> None:
             agent.service,
             control_port=control_port,
             gateway_port=gateway_port,
+            gateway_grpc_port=grpc_front.port if grpc_front else None,
             links=agent.probed_links,
             products=agent.products,
             certificate_pem=tls.certificate_pem if tls is not None else None,
