@@ -9,40 +9,52 @@ the same free bytes. A turn:
 2. plans every live ModelDeployment over the live SwapNodes, keeping each model where its
    status (or the previous turn) put it unless it must move (`planner.plan`, pure);
 3. builds each live node's full desired set (`desired`), checking every entry as the agent
-   will, and pushes it when it changed, when the last push failed, or every grace/3;
+   will, and pushes it when it changed, when the last push failed, or every grace/3; the
+   first turn first raises the term above every term the live agents have seen (`terms`:
+   a deleted leader Lease restarts at 0), and a push refused for its revision raises it
+   above that agent's, once, while this process still holds the Lease;
 4. releases deleted models: once a node's accepted set no longer holds a uid, asks it to
    forget the uid (HBM and host bytes); the finalizer waits for that (`is_released`);
    a uid a node reports that no ModelDeployment has any more is released the same way;
 5. points each placed model's Service and EndpointSlice at its node's gateway;
 6. writes each ModelDeployment's status when it changed (one patch per object per turn),
-   with an Event for every condition that changed.
+   with an Event (a new one, or a bump of its series: `events`) for every condition that
+   changed.
 Assignments are kept in `status.node`/`status.gpu`, so a restarted operator plans from them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from modelswap_api import kube
-from modelswap_api.control import DesiredEntry, DesiredSet, EntryResult, SourceCredentials
+from modelswap_api.control import (
+    DesiredEntry,
+    DesiredSet,
+    EntryResult,
+    Revision,
+    SourceCredentials,
+)
 from modelswap_api.errors import ContractError
 from modelswap_api.models import HostedModel, ModelDeployment, SwapNode
-from modelswap_operator import desired, planner, routing
+from modelswap_operator import desired, planner, routing, terms
 from modelswap_operator.agents import AgentAddress, AgentClients
 from modelswap_operator.cache import Body, Cache, Snapshot
-from modelswap_operator.errors import AgentError, AgentRefused
+from modelswap_operator.errors import AgentError, AgentRefused, TermExhausted
 from modelswap_operator.events import EventRecorder
 from modelswap_operator.kubeio import KubeIO
 from modelswap_operator.metrics import OperatorMetrics
 from modelswap_operator.planning.eligibility import NodeView, node_views
 from modelswap_operator.settings import OperatorSettings
 from modelswap_operator.status import (
+    HELD_PHASES,
     Observed,
     Verdict,
     build_status,
@@ -141,6 +153,8 @@ class _ReadOnce(Generic[R]):
 
 #: Entries one push may leave out after the agent refused them, before it gives up.
 MAX_REFUSED_PER_PUSH = 8
+#: The agent's 409 reasons for a revision below the highest it has seen.
+OUTRANKED_REASONS = frozenset({"OlderTerm", "OlderRevision"})
 
 
 @dataclass(frozen=True)
@@ -202,7 +216,11 @@ class Reconciler:
         term: Callable[[], int],
         tokens: TokenSource,
         clock: Callable[[], float] = time.time,
+        confirm_leading: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        """`term` answers the leader Lease's term; `confirm_leading` reads the Lease and
+        answers whether this process still holds it (None: never raise the term after a
+        refused push, only before the first)."""
         self.settings = settings
         self.cache = cache
         self.io = io
@@ -212,8 +230,13 @@ class Reconciler:
         self.term = term
         self.tokens = tokens
         self.clock = clock
+        self.confirm_leading = confirm_leading
         self.router = routing.Router(io)
         self._counter = 0
+        #: The term pushed under when above the Lease's (`terms`); raised before the first
+        #: push above what the live agents have seen, and after a push they refuse for it.
+        self._term_floor = 0
+        self._terms_learned = False
         self._assignments: dict[str, planner.Assignment] = {}
         self._sent: dict[str, _Sent] = {}
         self._forgotten: set[tuple[str, str]] = set()
@@ -284,6 +307,11 @@ class Reconciler:
                 log.warning("listing ModelDeployments and SwapNodes failed, retrying: %s", e)
                 await asyncio.sleep(self.settings.tick_seconds)
 
+    @property
+    def current_term(self) -> int:
+        """The term this leader's desired sets carry."""
+        return max(self.term(), self._term_floor)
+
     def is_released(self, uid: str) -> bool:
         """A deleted model's bytes are gone from every live node (the finalizer may go)."""
         return uid in self._released
@@ -326,7 +354,9 @@ class Reconciler:
 
         verdicts = await self._plan(snap, live, active)
         verdicts.update(unreadable)
-        entries = await self._entries(live, active, verdicts)
+        entries = await self._entries(live, active, verdicts, reports)
+        if not self._terms_learned:
+            await self._learn_terms(snap, live)
         await self._push_all(snap, live, entries, now)
         await self._release_all(snap, live, reports)
         routed = await self._route_all(snap, live, verdicts)
@@ -385,10 +415,20 @@ class Reconciler:
         return verdicts
 
     async def _entries(
-        self, live: set[str], active: list[ModelDeployment], verdicts: dict[str, Verdict]
+        self,
+        live: set[str],
+        active: list[ModelDeployment],
+        verdicts: dict[str, Verdict],
+        reports: Mapping[str, Mapping[str, HostedModel]],
     ) -> dict[str, list[DesiredEntry]]:
         """Each live node's set; a model whose entry cannot be sent gets its problem in its
-        verdict instead (and is not sent: the agent would refuse the whole set)."""
+        verdict instead (and is not sent: the agent would refuse the whole set).
+
+        A model whose credentials cannot be resolved any more (its Secret deleted or
+        emptied) while its node holds it is sent without them: the agent takes the change
+        in place and the model keeps serving; its status says the source is unreachable.
+        Left out, it would be unloaded after the grace period. A model not held yet is
+        left out: a load would fail."""
         by_node: dict[str, list[DesiredEntry]] = {name: [] for name in live}
         secrets: dict[tuple[str, str], Body | None] = {}
         for deployment in active:
@@ -406,10 +446,15 @@ class Reconciler:
                     credentials = desired.credentials_from_secret(secrets[key], reference.name)
                 except ValueError as e:
                     field_path = "spec.model.source.credentialsSecretRef"
-                    verdicts[uid] = _with_problem(
-                        verdict, "CredentialsUnavailable", field_path, str(e)
+                    hosted = (reports.get(verdict.node) or {}).get(uid)
+                    if hosted is None or hosted.state not in HELD_PHASES:
+                        verdicts[uid] = _with_problem(
+                            verdict, "CredentialsUnavailable", field_path, str(e)
+                        )
+                        continue
+                    verdicts[uid] = dataclasses.replace(
+                        verdict, source_problem=f"{field_path}: {e}"
                     )
-                    continue
             entry = desired.entry_for(
                 deployment, gpu=verdict.gpu or "", policy=verdict.policy, credentials=credentials
             )
@@ -461,8 +506,11 @@ class Reconciler:
             entries = [e for e in entries if e.uid != refused.uid]
 
     async def _push_once(
-        self, swapnode: Body, entries: list[DesiredEntry], now: float
+        self, swapnode: Body, entries: list[DesiredEntry], now: float, *, outrank: bool = True
     ) -> _Refusal | None:
+        """One push. A push refused for its revision (the agent has seen a higher one:
+        from before a leader Lease was deleted) raises the term above it, once, and is
+        sent again (`_outrank`)."""
         address = AgentAddress.of(swapnode)
         node = str(swapnode["metadata"]["name"])
         previous = self._sent.get(node)
@@ -471,7 +519,7 @@ class Reconciler:
             return None
         self._counter += 1
         body = DesiredSet(
-            revision=desired.revision(self.term(), self._counter),
+            revision=desired.revision(self.current_term, self._counter),
             entries=tuple(entries),
             node_name=node,
         )
@@ -481,6 +529,14 @@ class Reconciler:
         except AgentError as e:
             outcome = type(e).__name__.removeprefix("Agent").lower()
             self.metrics.pushes.labels(outcome).inc()
+            if (
+                outrank
+                and isinstance(e, AgentRefused)
+                and e.status == 409
+                and e.reason in OUTRANKED_REASONS
+                and await self._outrank(address, node, e)
+            ):
+                return await self._push_once(swapnode, entries, now, outrank=False)
             if isinstance(e, AgentRefused) and e.status == 400:
                 entry = desired.refused_entry(e.field, entries)
                 if entry is not None:
@@ -498,6 +554,61 @@ class Reconciler:
             log.info("node %s: pushed %d models (revision %s)", node, len(entries), body.revision)
         self._sent[node] = _Sent(entries, now, ok=True, results=results)
         return None
+
+    async def _learn_terms(self, snap: Snapshot, live: set[str]) -> None:
+        """Before this leader's first push: raise its term above every term the live
+        nodes' agents have seen (`GET /v1/node`, side by side). A deleted leader Lease
+        restarts `leaseTransitions` at 0, and pushes under it would all be refused. An
+        agent that does not answer now is caught by `_outrank` at its first refusal."""
+        semaphore = asyncio.Semaphore(self.settings.max_parallel_calls)
+
+        async def seen(node: str) -> Revision | None:
+            address = AgentAddress.of(snap.swapnodes[node])
+            if address is None:
+                return None
+            async with semaphore:
+                try:
+                    client = await self.agents.for_node(address, self.tokens())
+                    return (await client.node()).revision
+                except AgentError as e:
+                    log.info("node %s: cannot read the revision it has seen (%s)", node, e)
+                    return None
+
+        revisions = await asyncio.gather(*(seen(node) for node in sorted(live)))
+        self._raise_term(revisions, "the agents have seen")
+        self._terms_learned = True
+
+    async def _outrank(self, address: AgentAddress, node: str, refusal: AgentRefused) -> bool:
+        """After `node` refused a push for its revision: read the revision it has seen and,
+        if this process still holds the leader Lease, raise the term above it. A deposed
+        leader that has not noticed yet must not outrank its successor, hence the Lease
+        read; answers whether the term went up (then the push is worth sending again)."""
+        if self.confirm_leading is None:
+            return False
+        try:
+            client = await self.agents.for_node(address, self.tokens())
+            info = await client.node()
+        except AgentError as e:
+            log.warning("node %s refused a push (%s) and its revision cannot be read: %s",
+                        node, refusal, e)  # fmt: skip
+            return False
+        if info.revision is None or not await self.confirm_leading():
+            return False
+        return self._raise_term([info.revision], f"node {node} has seen")
+
+    def _raise_term(self, seen: list[Revision | None], what: str) -> bool:
+        before = self.current_term
+        try:
+            term = terms.term_above(before, seen)
+        except TermExhausted as e:
+            log.error("cannot push above the revisions %s: %s", what, e)
+            return False
+        if term == before:
+            return False
+        self._term_floor = term
+        log.info("pushing under term %d, above every term %s (the leader Lease's term is %d)",
+                 term, what, self.term())  # fmt: skip
+        return True
 
     async def _release_all(
         self, snap: Snapshot, live: set[str], reports: Mapping[str, Mapping[str, HostedModel]]
