@@ -230,3 +230,37 @@ def test_removal_tells_every_client_and_forgets_the_model(parts: Parts) -> None:
     assert all(cast(Connected, i.peer).closed for i in m.instances.values())
     with pytest.raises(UnknownModel):
         parts.table.get("a")
+
+
+def test_a_victim_whose_process_dies_during_its_drain_leaves_its_room_at_once(
+    parts: Parts,
+) -> None:
+    """Issue 26, item 6: the agent kills a victim that answers nothing while its drain
+    waits; the swap-out goes on without it and releases its chunks right away (its
+    socket's `client_gone` waits for the operation's lock), so the swap-in that chose it
+    finds the room (NoCapacity before)."""
+    victim = resident(parts, "a")
+    other = resident(parts, "b", region_bytes=4 * MIB)
+    parts.swapper.swap_out_locked(other)
+    assert used(parts) == 8 * MIB
+    real_start = parts.transport.start
+
+    class Killed:
+        def __init__(self, inst: InstanceRecord) -> None:
+            self.inst = inst
+
+        def wait(self, timeout_seconds: float | None = None) -> Message:
+            cast(Connected, self.inst.peer).closed = True  # its socket closed: it died
+            raise ConnectionLost("connection lost")
+
+    def start(inst: InstanceRecord, op: Op, epoch: int, body: dict[str, Any], fds: Any) -> Any:
+        if op is Op.QUIESCE and inst is victim.instances["0"]:
+            return Killed(inst)
+        return real_start(inst, op, epoch, body, fds)
+
+    parts.transport.start = start  # type: ignore[method-assign]
+    parts.swapper.make_room(other, 8 * MIB, ["a"])
+    assert victim.state is S.SWAPPED_OUT
+    assert not victim.instances["0"].mapped and victim.instances["0"].regions["w"].chunks == []
+    assert used(parts) == 0
+    assert parts.table.host_bytes_of("a") == 8 * MIB  # its host copy kept
