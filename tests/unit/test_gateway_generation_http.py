@@ -11,7 +11,12 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 
+from modelswap_sidecar.gateway.app import _answer_ended
+from modelswap_sidecar.gateway.context import Call
+from modelswap_sidecar.gateway.errors import RequestEndedError
+from modelswap_sidecar.gateway.exchange import Exchange
 from tests.support.gateway_fakes import route
 from tests.support.gateway_world import GatewayWorld, gateway_world
 from tests.support.waiting import until_on_loop
@@ -118,3 +123,17 @@ async def test_end_requests_answers_503_drain_deadline_and_closes_triton_s_strea
         w.triton.paced = False
         async with w.http.post(w.url("/v1/completions"), json=plain_body) as r:
             assert (await r.json())["choices"][0]["text"] == " A B C"
+
+
+@pytest.mark.asyncio
+async def test_a_request_ended_just_as_its_stream_ended_keeps_its_answer() -> None:
+    """The drain's deadline and a stream's last write can meet: the stream is returned as
+    it ended, not failed again (a write after its end raises)."""
+    async with world() as w:
+        call = Call(w.served.app.gateway, make_mocked_request("POST", "/v1/completions"))
+        call.flavour = "openai"
+        exchange = Exchange(call, CHAT, progress=False)
+        stream = await exchange.stream()
+        await stream.write_eof()
+        error = RequestEndedError("the drain waited for it", retry_after_seconds=1)
+        assert await _answer_ended(call, error) is stream

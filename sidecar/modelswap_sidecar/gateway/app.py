@@ -188,7 +188,11 @@ async def _answer_ended(call: Call, error: GatewayError) -> web.StreamResponse:
     """An ended call's answer: in its stream when one is open, else a plain error."""
     exchange = call.exchange
     if isinstance(exchange, Exchange) and exchange.committed:
-        return await exchange.fail(error)
+        try:
+            return await exchange.fail(error)
+        except (ConnectionResetError, RuntimeError):
+            # the stream had just ended (its last write came first) or its client left
+            return await exchange.stream()
     return error_response(call, error)
 
 
