@@ -65,9 +65,9 @@ class UnresponsiveRuntimes:
 
     def on_unresponsive(self, client: Unresponsive) -> KillOutcome:
         """On the engine's heartbeat watcher thread: end the process, or say why not."""
-        model = next(
-            (m for m in self.actuator.records.values() if m.triton_name == client.model), None
-        )
+        # a copy taken at once (the loop may add or drop records meanwhile)
+        records = list(self.actuator.records.values())
+        model = next((m for m in records if m.triton_name == client.model), None)
         what = (
             f"model {model.uid if model else client.model} instance {client.instance} "
             f"(pid {client.pid}, process state {process_state(client.pid) or '?'})"
