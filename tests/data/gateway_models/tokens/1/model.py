@@ -1,6 +1,7 @@
 """A decoupled "language model" with a known answer: it streams the prompt's words back
 upper-cased, one response per word (`" A"`, `" B"`, ...), at most `max_tokens` of them
-(a request parameter, default 16).
+(a request parameter, default 16). It stops early when its request is cancelled (its
+client went away), as every generating model should.
 
 Pacing for tests: when the model was loaded with the parameter `modelswap.pace_dir`, it
 writes `<pace_dir>/sent-<i>` after sending token i, and before generating token i (i >= 1)
@@ -40,6 +41,8 @@ class TritonPythonModel:
             parameters = json.loads(request.parameters() or "{}")
             max_tokens = int(parameters.get("max_tokens", 16))
             for i, word in enumerate(text.split()[:max_tokens]):
+                if request.is_cancelled():  # the client hung up: stop generating for no one
+                    break
                 if i and self.pace_dir:
                     self._wait_for(os.path.join(self.pace_dir, f"go-{i}"))
                 token = np.array([(" " + word.upper()).encode()], dtype=np.object_)
