@@ -13,7 +13,11 @@ the same machine:
    arrival sent at random (seeded) straight to Triton or through the gateway, so both
    paths see the same load at the same time; p50 and p99 of each and the difference;
 3. throughput at 100 concurrent (closed loop): direct and gateway in alternating windows;
-4. a request-triggered swap-in: `tiny` swapped out (control API), then one request
+4. gRPC beside HTTP: the same open loop (the same rate, half the HTTP direct path's
+   saturation, and the light one) and the same 100-concurrent windows with
+   `tritonclient.grpc.aio`, straight to Triton's gRPC port and through the gateway's gRPC
+   front (`gateway/grpc_server.py`); no targets, the figures beside HTTP's;
+5. a request-triggered swap-in: `tiny` swapped out (control API), then one request
    through the gateway; its latency minus the agent's own swap-in duration (its
    modelswap_swap_in_duration_seconds histogram) minus a resident request's latency
    through the gateway is the control overhead.
@@ -42,6 +46,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import tritonclient.grpc.aio as grpcaio
 
 from bench import results_schema, scratch
 from bench.local_node import (
@@ -353,11 +358,147 @@ async def measure(node: Any, args: argparse.Namespace) -> tuple[list[dict[str, A
         # the gateway's CPU per request and where it goes: the same open loop through a
         # copy of the gateway, unprofiled and then profiled (its latencies are not reported)
         profile = await _profile_gateway(session, node, rate / 2, args.profile_seconds)
+    # 4. gRPC beside HTTP: the same rates and windows
+    rows += await _grpc_rows(node, args, rate, light)
     # 4. request-triggered swap-in (sequential: one request at a time)
     rows.append(await asyncio.to_thread(_swap_overhead, node, args.swap_reps))
     return rows, [
         f"The gateway alone (bench/gateway_profiled.py) at half the open loop's rate: {profile}"
     ]
+
+
+class GrpcPaths:
+    """One `tritonclient.grpc.aio` client per path (one HTTP/2 channel each), straight to
+    Triton's gRPC port and through the gateway's gRPC front, and a checked request."""
+
+    def __init__(self, node: Any) -> None:
+        self.clients = {
+            "direct": grpcaio.InferenceServerClient(node.state["tritonGrpcAddress"]),
+            "gateway": grpcaio.InferenceServerClient(node.state["gatewayGrpcAddress"]),
+        }
+        self.models = {"direct": node.triton_name(TINY.name), "gateway": TINY.name}
+        tensor = grpcaio.InferInput("INPUT0", list(MLP_INPUT.shape), "FP32")
+        tensor.set_data_from_numpy(MLP_INPUT.astype(np.float32))
+        self.inputs = [tensor]
+
+    async def one(self, path: str) -> float:
+        started = time.perf_counter()
+        result = await self.clients[path].infer(self.models[path], self.inputs)
+        elapsed = time.perf_counter() - started
+        got = result.as_numpy("OUTPUT0")
+        if got is None or not np.allclose(got.reshape(-1, 8), EXPECTED, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"gRPC {path}: wrong answer")
+        return elapsed
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
+async def _grpc_open_loop(
+    paths: GrpcPaths, rate: float, seconds: float, seed: int
+) -> dict[str, list[float]]:
+    """`open_loop` over gRPC: Poisson arrivals, each to one path at random."""
+    rng = random.Random(seed)
+    latencies: dict[str, list[float]] = {k: [] for k in paths.clients}
+    pending: set[asyncio.Task[None]] = set()
+
+    async def send(path: str) -> None:
+        latencies[path].append(await paths.one(path))
+
+    with collector_paused():
+        start = time.perf_counter()
+        at = 0.0
+        names = sorted(paths.clients)
+        while at < seconds:
+            at += rng.expovariate(rate)
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(rng.choice(names)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        await asyncio.gather(*pending)
+    return latencies
+
+
+async def _grpc_closed_loop(
+    paths: GrpcPaths, path: str, concurrency: int, seconds: float
+) -> tuple[int, float]:
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await paths.one(path)
+            done += 1
+
+    with collector_paused():
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done, time.perf_counter() - started
+
+
+async def _grpc_rows(
+    node: Any, args: argparse.Namespace, rate: float, light: float
+) -> list[dict[str, Any]]:
+    """gRPC's added latency at the HTTP open loop's two rates and its throughput at 100
+    concurrent, direct and through the gateway in alternating windows."""
+    paths = GrpcPaths(node)
+    rows: list[dict[str, Any]] = []
+    try:
+        for path in paths.clients:  # warm both channels
+            for _ in range(20):
+                await paths.one(path)
+        for name, at, seconds, seed in (
+            ("grpc_gateway_added_latency", rate, args.open_seconds, 20260201),
+            ("grpc_gateway_added_latency_light_load", light, args.open_seconds / 2, 20260202),
+        ):
+            lat = await _grpc_open_loop(paths, at, seconds, seed)
+            p = {k: (_pct(v, 0.5), _pct(v, 0.99)) for k, v in lat.items()}
+            rows.append(
+                results_schema.result(
+                    name,
+                    {"rate_per_second": at, "seconds": seconds,
+                     "requests": {k: len(v) for k, v in lat.items()}},
+                    [p["gateway"][0] - p["direct"][0]],
+                    p50_added_seconds=p["gateway"][0] - p["direct"][0],
+                    p99_added_seconds=p["gateway"][1] - p["direct"][1],
+                    p50_direct_seconds=p["direct"][0],
+                    p50_gateway_seconds=p["gateway"][0],
+                    p99_direct_seconds=p["direct"][1],
+                    p99_gateway_seconds=p["gateway"][1],
+                )
+            )  # fmt: skip
+            print(
+                f"gRPC open loop {at:.0f} req/s: p50 added "
+                f"{(p['gateway'][0] - p['direct'][0]) * 1e3:.2f} ms, p99 added "
+                f"{(p['gateway'][1] - p['direct'][1]) * 1e3:.2f} ms",
+                flush=True,
+            )
+        tput: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.windows):
+            for path in ("direct", "gateway"):
+                done, elapsed = await _grpc_closed_loop(paths, path, 100, args.window_seconds)
+                tput[path].append(done / elapsed)
+        ratio = statistics.median(tput["gateway"]) / statistics.median(tput["direct"])
+        rows.append(
+            results_schema.result(
+                "grpc_throughput_100_concurrent",
+                {"concurrency": 100, "windows": args.windows,
+                 "window_seconds": args.window_seconds},
+                tput["gateway"],
+                unit="requests/s",
+                direct_rps=statistics.median(tput["direct"]),
+                gateway_rps=statistics.median(tput["gateway"]),
+                ratio_to_direct=ratio,
+            )
+        )  # fmt: skip
+        print(f"gRPC 100 concurrent: gateway/direct {ratio:.2f}", flush=True)
+    finally:
+        await paths.close()
+    return rows
 
 
 async def _profile_gateway(

@@ -82,6 +82,8 @@ def test_gateway_reports_each_figure() -> None:
         "p50 added",
         "agent's event loop: ",
         "100 concurrent",
+        "gRPC open loop",
+        "gRPC 100 concurrent: gateway/direct",
         "swap-in overhead",
     ):
         assert what in out

@@ -259,6 +259,7 @@ def run_up(settings: LocalSettings, out: TextIO = sys.stdout) -> int:
         "nodeName": settings.node_name,
         "gatewayUrl": gateway_url,
         "gatewayGrpcAddress": grpc_address,
+        "tritonGrpcAddress": f"127.0.0.1:{ports.grpc}",
         "controlUrl": control_url,
         "metricsUrl": f"http://127.0.0.1:{metrics_port}/metrics",
         "tritonUrl": f"http://{triton_url}",
