@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics (served with the agent's on its metrics port).
 
     modelswap_gateway_requests_total{uid,namespace,model,code}          counter
-        every answered request; code is the HTTP status, 499 when the client went away;
+        every answered request; code is the HTTP status, 499 when the client went away
+        (a gRPC answer: the HTTP status its code stands for, `grpc_server`);
         a request naming no known model counts under empty uid/namespace/model
     modelswap_gateway_refusals_total{uid,namespace,model,reason}        counter
         reason QueueFull (429), QueueTimeout (503), SwapInFailed (503)
