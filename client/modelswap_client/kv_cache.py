@@ -18,7 +18,8 @@ Backends: on `sim` both tiers are host memory and the model runs on the CPU, so 
 is a gather into one tensor. On `cuda-vmm` and `managed` the HBM tier is device memory
 (a DLPack view of the region, as `modelswap_client.torch` uses) and host-tier blocks are
 copied host-to-device for each step; nothing reads the host tier in place over C2C yet.
-Only the sim backend is tested here (no GPU in the test environment).
+Tested on sim (tests/unit, tests/integration) and on cuda-vmm with an H100
+(tests/gpu/test_gpu_kv_cache.py); `managed` is untested.
 
 A cache is valid only for the KV bytes it wrote: every read first checks the
 attachment's `kv_generation` (a `discard` swap-out, a drop or a fresh KV region bumps it)
