@@ -134,3 +134,27 @@ def test_error_bodies_follow_openai() -> None:
         "param": None,
         "code": "QueueTimeout",
     }
+
+
+def test_text_with_a_lone_surrogate_is_refused_naming_the_field() -> None:
+    """`"\\ud800"` is legal JSON that names no character; sent on, Triton's reader failed on
+    it with a 500 (the fuzz run, tests/integration/test_reliability_fuzz.py, found it)."""
+    lone = json.loads('"a\\ud800"')
+    cases = [
+        (parse_completion, {"model": "m", "prompt": lone}, "prompt: holds a lone surrogate at 1"),
+        (parse_completion, {"model": "m", "prompt": "x", "stop": lone}, "stop: holds"),
+        (parse_completion, {"model": "m", "prompt": "x", "stop": ["a", lone]}, "stop\\[1\\]: "),
+        (parse_chat, {"model": "m", "messages": [{"role": "user", "content": lone}]},
+         "messages\\[0\\].content: holds a lone surrogate"),
+        (parse_chat, {"model": "m", "messages": [{"role": lone, "content": "x"}]},
+         "messages\\[0\\].role: holds"),
+        (parse_chat, {"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": lone}]}]},
+         "messages\\[0\\].content: holds"),
+    ]  # fmt: skip
+    for parse, body, words in cases:
+        with pytest.raises(BadRequestError, match=words):
+            parse(body)
+    # a pair is one character, and passes
+    paired = json.loads('"\\ud83d\\ude00"')
+    assert parse_completion({"model": "m", "prompt": paired}).prompt == "\U0001f600"

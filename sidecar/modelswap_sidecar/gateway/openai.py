@@ -9,7 +9,8 @@ which a python-backend model reads with `json.loads(request.parameters())`:
     stop                                    a string, or a JSON list of strings
 
 Each streamed response's `text_output` is one chunk of the completion. `n` other than 1,
-token-id prompts and tools are refused with 400. Token counts (`usage`) are not reported:
+token-id prompts, tools and text holding a lone UTF-16 surrogate (which Triton's reader
+fails on with a 500) are refused with 400. Token counts (`usage`) are not reported:
 the gateway sees responses, not tokens.
 """
 
@@ -54,6 +55,18 @@ def request_object(body: Any) -> Mapping[str, Any]:
     return body
 
 
+def _text(value: str, field: str) -> str:
+    """`value`, which must be text: JSON may escape a lone UTF-16 surrogate (`"\\ud800"`),
+    which names no character, and Triton's reader fails on it with a 500."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequestError(
+            f"{field}: holds a lone surrogate at {e.start}, which is not text"
+        ) from e
+    return value
+
+
 def model_field(body: Mapping[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -83,9 +96,9 @@ def _common(body: Mapping[str, Any]) -> tuple[bool, int | None, dict[str, Parame
         parameters[name] = value
     stop = body.get("stop")
     if isinstance(stop, str):
-        parameters["stop"] = stop
+        parameters["stop"] = _text(stop, "stop")
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        parameters["stop"] = json.dumps(stop)
+        parameters["stop"] = json.dumps([_text(s, f"stop[{i}]") for i, s in enumerate(stop)])
     elif stop is not None:
         raise BadRequestError("stop: must be a string or a list of strings")
     return stream, max_tokens, parameters
@@ -100,6 +113,7 @@ def parse_completion(body: Any) -> TextRequest:
     if not isinstance(prompt, str):
         raise BadRequestError("prompt: must be a string (token ids and batches are not supported)")
     stream, max_tokens, parameters = _common(body)
+    prompt = _text(prompt, "prompt")
     return TextRequest("completion", model_field(body), prompt, stream, max_tokens, parameters)
 
 
@@ -134,7 +148,7 @@ def _content(message: Any, index: int) -> tuple[str, str]:
         content = ""
     if not isinstance(content, str):
         raise BadRequestError(f"messages[{index}].content: must be a string or text parts")
-    return role, content
+    return _text(role, f"messages[{index}].role"), _text(content, f"messages[{index}].content")
 
 
 def chat_prompt(messages: Sequence[Any]) -> str:
