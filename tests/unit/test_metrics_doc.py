@@ -9,7 +9,9 @@ SOURCES = [
     ROOT / "sidecar" / "modelswap_sidecar" / "gateway" / "metrics.py",
     ROOT / "operator" / "modelswap_operator" / "metrics.py",
 ]
-COUNTER_RE = re.compile(r'Counter\(\s*"(modelswap_[a-z_]+)"')
+#: Counters (a prometheus_client Counter, or a collector's CounterMetricFamily) are
+#: exported with the `_total` suffix.
+COUNTER_RE = re.compile(r'Counter(?:MetricFamily)?\(\s*"(modelswap_[a-z_]+)"')
 NAME_RE = re.compile(r'"(modelswap_[a-z_]+)"')
 
 

@@ -40,7 +40,6 @@ from prometheus_client import CollectorRegistry
 
 from modelswap_sidecar.gateway import embeddings_handlers, openai, openai_handlers, v2
 from modelswap_sidecar.gateway.connections import (
-    ConnectionCollector,
     ConnectionLimiter,
     open_fds,
     open_files_limit,
@@ -57,7 +56,7 @@ from modelswap_sidecar.gateway.errors import (
     RouteNotFoundError,
 )
 from modelswap_sidecar.gateway.exchange import Exchange
-from modelswap_sidecar.gateway.metrics import GatewayMetrics
+from modelswap_sidecar.gateway.metrics import ConnectionCollector, GatewayMetrics
 from modelswap_sidecar.gateway.paths import PathTable
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings

@@ -35,13 +35,11 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
 
@@ -345,53 +343,3 @@ class ConnectionLimiter:
             burst.last_seconds - burst.began_seconds,
             len(self._open),
         )
-
-
-class ConnectionCollector(Collector):
-    """The gateway's connection metrics, read from its limiter at scrape time (none before
-    the gateway starts):
-
-        modelswap_gateway_open_connections                    gauge
-        modelswap_gateway_max_connections{limit}              gauge: the caps in force
-        modelswap_gateway_connections_closed_idle_total{limit}  counter
-        modelswap_gateway_connections_refused_total{limit}      counter
-    """
-
-    def __init__(self, limiter: Callable[[], ConnectionLimiter | None]) -> None:
-        self._limiter = limiter
-
-    def describe(self) -> Iterable[Metric]:
-        return ()
-
-    def collect(self) -> Iterator[Metric]:
-        limiter = self._limiter()
-        if limiter is None:
-            return
-        yield GaugeMetricFamily(
-            "modelswap_gateway_open_connections",
-            "Client connections the gateway holds open (refused ones not yet closed aside).",
-            value=limiter.open_connections,
-        )
-        caps = GaugeMetricFamily(
-            "modelswap_gateway_max_connections",
-            "The gateway's connection caps: in all, and from one client address.",
-            labels=("limit",),
-        )
-        caps.add_metric([MAX_CONNECTIONS], limiter.caps.max_connections)
-        caps.add_metric([MAX_CONNECTIONS_PER_ADDRESS], limiter.caps.max_connections_per_address)
-        yield caps
-        closed = CounterMetricFamily(
-            "modelswap_gateway_connections_closed_idle",
-            "Idle client connections the gateway closed to admit new ones at a cap.",
-            labels=("limit",),
-        )
-        refused = CounterMetricFamily(
-            "modelswap_gateway_connections_refused",
-            "Client connections the gateway refused at a cap with none idle to close.",
-            labels=("limit",),
-        )
-        for cap in CAPS:
-            closed.add_metric([cap], limiter.closed_idle[cap])
-            refused.add_metric([cap], limiter.refused[cap])
-        yield closed
-        yield refused

@@ -24,9 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from modelswap_sidecar.gateway.connections import (
+    CAPS,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    ConnectionLimiter,
+)
 from modelswap_sidecar.gateway.directory import ModelRoute
 
 MODEL_LABELS = ("uid", "namespace", "model")
@@ -145,3 +151,53 @@ class _InFlightCollector(Collector):
             "Requests the gateway is handling now (queued ones included).",
             value=self._metrics.in_flight_requests,
         )
+
+
+class ConnectionCollector(Collector):
+    """The gateway's connection metrics, read from its limiter at scrape time (none before
+    the gateway starts):
+
+        modelswap_gateway_open_connections                    gauge
+        modelswap_gateway_max_connections{limit}              gauge: the caps in force
+        modelswap_gateway_connections_closed_idle_total{limit}  counter
+        modelswap_gateway_connections_refused_total{limit}      counter
+    """
+
+    def __init__(self, limiter: Callable[[], ConnectionLimiter | None]) -> None:
+        self._limiter = limiter
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        limiter = self._limiter()
+        if limiter is None:
+            return
+        yield GaugeMetricFamily(
+            "modelswap_gateway_open_connections",
+            "Client connections the gateway holds open (refused ones not yet closed aside).",
+            value=limiter.open_connections,
+        )
+        caps = GaugeMetricFamily(
+            "modelswap_gateway_max_connections",
+            "The gateway's connection caps: in all, and from one client address.",
+            labels=("limit",),
+        )
+        caps.add_metric([MAX_CONNECTIONS], limiter.caps.max_connections)
+        caps.add_metric([MAX_CONNECTIONS_PER_ADDRESS], limiter.caps.max_connections_per_address)
+        yield caps
+        closed = CounterMetricFamily(
+            "modelswap_gateway_connections_closed_idle",
+            "Idle client connections the gateway closed to admit new ones at a cap.",
+            labels=("limit",),
+        )
+        refused = CounterMetricFamily(
+            "modelswap_gateway_connections_refused",
+            "Client connections the gateway refused at a cap with none idle to close.",
+            labels=("limit",),
+        )
+        for cap in CAPS:
+            closed.add_metric([cap], limiter.closed_idle[cap])
+            refused.add_metric([cap], limiter.refused[cap])
+        yield closed
+        yield refused
