@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelswap_sidecar.triton.naming import triton_model_name
-from modelswap_sidecar.triton.process import pick_ports
+from modelswap_sidecar.triton.process import TritonPorts, pick_ports
 from modelswap_sidecar.triton.stubs import descendant_stub_pids
 from tests.support.agent_harness import ROOT, Agent, AgentConfig, Control, Models, eventually
 from tests.support.supervisor_state import SupervisorHandle
@@ -33,6 +33,7 @@ class TritonAddress:
     url: str
     repository: Path
     pid_file: Path  # unused: the agent reads the supervisor's state file
+    ports: TritonPorts  # the supervisor's Triton listens on these (gRPC: the gateway's front)
 
 
 class SupervisedNode(SupervisorHandle):
@@ -48,6 +49,7 @@ class SupervisedNode(SupervisorHandle):
             url=f"127.0.0.1:{self.ports.http}",
             repository=repository,
             pid_file=workdir / "unused.pid",
+            ports=self.ports,
         )
         config = config or AgentConfig()
         config.extra.setdefault(
