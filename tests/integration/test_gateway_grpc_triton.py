@@ -28,7 +28,7 @@ from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.grpc_server import GrpcFront, GrpcSettings
 from tests.support.gateway_fakes import route
 from tests.support.gateway_triton import GatewayOverTriton, Served, gateway_over_triton
-from tests.support.waiting import until
+from tests.support.waiting import until, until_on_loop
 
 NS = [("modelswap-namespace", "team-a")]
 
@@ -216,12 +216,16 @@ async def test_full_queue_and_queue_timeout_are_refused_with_retry_information(
         assert timed_out.code() == grpc.StatusCode.UNAVAILABLE, timed_out
         trailing = dict(timed_out.trailing_metadata() or ())
         assert trailing["modelswap-reason"] == "QueueTimeout" and trailing["retry-after"] == "3"
+        # a refusal's status can reach the client before its handler has counted it
+        await until_on_loop(lambda: w.g.directory.in_flight[plain.uid] == 0, "both finished")
+        await until_on_loop(
+            lambda: w.metric("modelswap_gateway_requests_total", **labels(plain), code="503") == 1,
+            "the timeout counted",
+        )
         assert w.metric("modelswap_gateway_requests_total", **labels(plain), code="429") == 1
-        assert w.metric("modelswap_gateway_requests_total", **labels(plain), code="503") == 1
         assert (
             w.metric("modelswap_gateway_refusals_total", **labels(plain), reason="QueueFull") == 1
         )
-        assert w.g.directory.in_flight[plain.uid] == 0
         w.g.directory.release(plain.uid)
 
 
@@ -311,8 +315,11 @@ async def test_stream_to_a_swapped_out_decoupled_model(tmp_path: Path) -> None:
         assert "ModelStreamInfer" in unary.value.message()
         assert w.g.directory.swap_ins[tokens.uid] == 1
         assert w.metric("modelswap_gateway_requests_total", **labels(tokens), code="200") == 3
-        assert w.g.directory.in_flight[tokens.uid] == 0
-        assert w.g.served.gateway.metrics.in_flight_requests == 0
+        await until_on_loop(lambda: w.g.directory.in_flight[tokens.uid] == 0, "stream closed")
+        # the refused unary call's status can reach the client before its handler ends
+        await until_on_loop(
+            lambda: w.g.served.gateway.metrics.in_flight_requests == 0, "nothing in flight"
+        )
 
 
 @pytest.mark.slow

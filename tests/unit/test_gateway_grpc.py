@@ -19,6 +19,7 @@ from modelswap_sidecar.gateway.grpc_server import GrpcFront, GrpcSettings
 from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.triton.process import free_loopback_port
 from tests.support.gateway_fakes import FakeDirectory, refuse, route
+from tests.support.waiting import until_on_loop
 
 NS = (("modelswap-namespace", "team-a"),)
 
@@ -63,14 +64,18 @@ async def test_triton_not_answering_is_unavailable_with_retry_information() -> N
     async with grpc_front(directory) as f:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await f.stub.ModelInfer(infer("plain"), metadata=NS, timeout=30)
+        labels = {"uid": plain.uid, "namespace": "team-a", "model": "plain", "code": "503"}
+        # the status can reach the client before the handler has counted the call
+        await until_on_loop(
+            lambda: f.registry.get_sample_value("modelswap_gateway_requests_total", labels) == 1,
+            "the refusal counted",
+        )
     e = caught.value
     trailing = dict(e.trailing_metadata() or ())
     assert e.code() == grpc.StatusCode.UNAVAILABLE, e
     assert trailing["modelswap-reason"] == "UpstreamUnavailable"
     assert trailing["retry-after"] == "2" and trailing["grpc-retry-pushback-ms"] == "2000"
     assert directory.in_flight[plain.uid] == 0  # counted while admitted, then finished
-    labels = {"uid": plain.uid, "namespace": "team-a", "model": "plain", "code": "503"}
-    assert f.registry.get_sample_value("modelswap_gateway_requests_total", labels) == 1
 
 
 @pytest.mark.asyncio
