@@ -21,7 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from modelswap_sidecar.triton.process import free_loopback_port
+from modelswap_sidecar.triton.process import free_loopback_port, pick_ports
 from tests.support.agent_harness import MIB, Agent, AgentConfig, Control, entry, new_uid
 from tests.support.node_supervised import TritonAddress
 
@@ -39,9 +39,11 @@ async def agent() -> AsyncIterator[tuple[Agent, int]]:
     repository = folder / "repository"
     repository.mkdir()
     gateway_port = free_loopback_port()
+    ports = pick_ports(metrics=False)  # no Triton listens: the set is what is tested
     triton = TritonAddress(
-        url=f"127.0.0.1:{free_loopback_port()}", repository=repository, pid_file=folder / "t.pid"
-    )
+        url=f"127.0.0.1:{ports.http}", repository=repository, pid_file=folder / "t.pid",
+        ports=ports,
+    )  # fmt: skip
     config = AgentConfig(
         gpu_bytes=(128 * MIB,),
         extra={"gateway": {"host": "127.0.0.1", "port": gateway_port}},
