@@ -73,10 +73,12 @@ class Ports:
     control: int
     metrics: int
     operator_http: int
+    #: the gateway's gRPC front (`node.ports.gatewayGrpc`)
+    gateway_grpc: int
 
     @classmethod
     def pick(cls) -> Ports:
-        return cls(*(free_loopback_port() for _ in range(4)))
+        return cls(*(free_loopback_port() for _ in range(5)))
 
 
 def chart_values(ports: Ports, *, grace_seconds: int = 10) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def chart_values(ports: Ports, *, grace_seconds: int = 10) -> dict[str, Any]:
                               "volume": {"hostPath": {"path": str(MODELS),
                                                       "type": "Directory"}}}],
             "ports": {"gateway": ports.gateway, "control": ports.control,
-                      "metrics": ports.metrics},
+                      "metrics": ports.metrics, "gatewayGrpc": ports.gateway_grpc},
             "heartbeat": {"leaseDurationSeconds": 4, "renewIntervalSeconds": 1},
         },
         "nodePools": [{"name": POOL, "gpus": 2, "nodeSelector": {"modelswap.io/pool": POOL},
