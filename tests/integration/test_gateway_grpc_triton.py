@@ -353,3 +353,29 @@ async def test_a_drain_past_its_deadline_ends_a_grpc_stream_with_retry_informati
         assert e.code() == grpc.StatusCode.UNAVAILABLE, e
         assert trailing["modelswap-reason"] == "DrainDeadline" and "retry-after" in trailing
         await until(lambda: w.g.directory.in_flight[tokens.uid] == 0, "stream finished", 10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_a_shape_far_larger_than_its_data_is_refused_and_triton_still_serves(
+    tmp_path: Path,
+) -> None:
+    """The HTTP front bounds a request's shapes before forwarding because Triton's HTTP
+    frontend allocated from `shape` (4 TB, then aborted); its gRPC frontend compares each raw
+    input's bytes with its shape first, which this holds it to."""
+    plain = route("plain", "team-a")
+    async with grpc_world(tmp_path, [Served(plain, "plain")]) as w:
+        client = grpcaio.InferenceServerClient(w.url)
+        try:
+            assert_plain(await client.infer("team-a/plain", plain_inputs(1)), 1, plain)
+            huge = service_pb2.ModelInferRequest(model_name="team-a/plain")
+            huge.inputs.add(name="INPUT0", datatype="FP32", shape=[1_000_000, 1_000_000])
+            huge.raw_input_contents.append(b"\0\0\0\0")
+            refused = await raw_call(w.url, "ModelInfer", huge, metadata=[])
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused
+            assert plain.triton_name not in (refused.details() or "")  # the user's name only
+            # the same Triton (nothing restarts it here) answers the next request
+            assert_plain(await client.infer("team-a/plain", plain_inputs(2)), 2, plain)
+        finally:
+            await client.close()
