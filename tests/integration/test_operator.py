@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes import client
 
 from tests.support.kube_testing import REPO_ROOT, Kubectl, load_yaml
 from tests.support.operator_processes import OperatorProcess
-from tests.support.operator_world import Objects, agents, emulator, operator
+from tests.support.operator_world import OPERATOR_NAMESPACE, Objects, agents, emulator, operator
 from tests.support.service_calls import mlp_answers, slice_address, tinylm_completes
 from tests.support.waiting import until
 
@@ -272,12 +273,16 @@ async def test_two_operators_one_leader_and_a_late_push_is_refused(tmp_path: Pat
                 old_term = (await nodes["node-a"].control.node())["revision"]["term"]
                 assert "pushed" not in standby.log(), standby.log()
 
-                # The leader dies without a word: the standby takes over within the lease.
+                # The leader dies without a word: the standby takes the Lease within its
+                # duration and a renewal round (then starts leading: kopf's start can take
+                # seconds on a loaded machine, so readiness is waited for, not timed).
                 leader.kill9()
                 killed_at = time.monotonic()
-                await until(lambda: standby.readyz() == 200, "the standby to lead", 20)
+                await until(lambda: _lease_holder(objects).startswith(standby.name),
+                            "the standby to take the Lease", 20)  # fmt: skip
                 took_over_seconds = time.monotonic() - killed_at
                 assert took_over_seconds < 2 + 3, took_over_seconds  # lease + a renewal round
+                await until(lambda: standby.readyz() == 200, "the standby to lead", 30)
                 new_term = await _term_above(nodes["node-a"], old_term)
 
                 # A push the dead leader had in flight, arriving late, is refused.
@@ -293,6 +298,13 @@ async def test_two_operators_one_leader_and_a_late_push_is_refused(tmp_path: Pat
                 codes = [p.stop() for p in pair]
         assert codes[pair.index(standby)] == 0, standby.log()[-3000:]
         objects.close()
+
+
+def _lease_holder(objects: Objects) -> str:
+    lease = client.CoordinationV1Api(objects.core.api_client).read_namespaced_lease(
+        "modelswap-operator", OPERATOR_NAMESPACE
+    )
+    return str(lease.spec.holder_identity or "")
 
 
 async def _term_above(node: Any, term: int) -> int:
