@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import numpy as np
 import pytest
@@ -379,3 +380,47 @@ async def test_a_shape_far_larger_than_its_data_is_refused_and_triton_still_serv
             assert_plain(await client.infer("team-a/plain", plain_inputs(2)), 2, plain)
         finally:
             await client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_http_and_grpc_bursts_at_one_swapped_out_model_share_one_swap_in(
+    tmp_path: Path,
+) -> None:
+    plain = route("plain", "team-a", max_queued=256)
+    async with (
+        grpc_world(tmp_path, [Served(plain, "plain")]) as w,
+        aiohttp.ClientSession() as http,
+    ):
+        w.g.directory.hold(plain.uid)
+        client = grpcaio.InferenceServerClient(w.url)
+        url = f"{w.g.served.url}/ns/team-a/v2/models/plain/infer"
+
+        async def over_http(i: int) -> Any:
+            body = {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32",
+                                "data": [i, i + 0.5]}]}  # fmt: skip
+            async with http.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+        try:
+            grpc_calls = [
+                asyncio.create_task(client.infer("team-a/plain", plain_inputs(i)))
+                for i in range(50)
+            ]
+            http_calls = [asyncio.create_task(over_http(i)) for i in range(50)]
+            await until(lambda: w.g.served.gateway.queues.depth(plain.uid) == 100, "100 queued")
+            w.g.directory.release(plain.uid)
+            grpc_results = await asyncio.wait_for(asyncio.gather(*grpc_calls), 60)
+            http_results = await asyncio.wait_for(asyncio.gather(*http_calls), 60)
+        finally:
+            await client.close()
+        for i, result in enumerate(grpc_results):
+            assert_plain(result, i, plain)
+        for i, body in enumerate(http_results):
+            outputs = {o["name"]: o["data"] for o in body["outputs"]}
+            assert body["model_name"] == "plain" and outputs["OUTPUT0"] == [2 * i, 2 * i + 1]
+        assert w.g.directory.swap_ins[plain.uid] == 1
+        assert w.metric("modelswap_gateway_swap_ins_triggered_total", **labels(plain)) == 1
+        assert w.metric("modelswap_gateway_requests_total", **labels(plain), code="200") == 100
