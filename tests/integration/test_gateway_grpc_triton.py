@@ -424,3 +424,39 @@ async def test_http_and_grpc_bursts_at_one_swapped_out_model_share_one_swap_in(
         assert w.g.directory.swap_ins[plain.uid] == 1
         assert w.metric("modelswap_gateway_swap_ins_triggered_total", **labels(plain)) == 1
         assert w.metric("modelswap_gateway_requests_total", **labels(plain), code="200") == 100
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_triton_dying_under_a_stream_ends_it_though_the_client_sends_nothing_more(
+    tmp_path: Path,
+) -> None:
+    pace = tmp_path / "pace"
+    pace.mkdir()
+    tokens = route("tokens", "team-a", decoupled=True)
+    async with grpc_world(tmp_path, [Served(tokens, "tokens", {"pace_dir": str(pace)})]) as w:
+        more = asyncio.Event()  # never set: the client keeps its side of the stream open
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            request = service_pb2.ModelInferRequest(model_name="team-a/tokens", id="r")
+            request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+            text = b"held here"
+            request.raw_input_contents.append(len(text).to_bytes(4, "little") + text)
+            yield request
+            await more.wait()
+
+        async with grpc.aio.insecure_channel(w.url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            call = stub.ModelStreamInfer(requests())
+            first = await call.read()  # token 0; the model now waits for go-1
+            assert first.infer_response.model_name == "tokens"
+            await w.g.triton.process.kill()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(call.read(), 30)
+        e = caught.value
+        trailing = dict(e.trailing_metadata() or ())
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        assert trailing["modelswap-reason"] == "UpstreamUnavailable", trailing
+        assert "retry-after" in trailing
+        await until(lambda: w.g.directory.in_flight[tokens.uid] == 0, "stream finished", 10)

@@ -327,7 +327,7 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         try:
             await stream.run(request_iterator)
         except asyncio.CancelledError:
-            ended = next((c.ended for c in stream.calls.values() if c.ended), None)
+            ended = next((c.ended for c in stream.calls.values() if c.ended), stream.failure)
             task = asyncio.current_task()
             if ended is None or task is None or task.uncancel() > 0:
                 raise
@@ -555,13 +555,19 @@ class _Stream:
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._upstream: Any = None
-        self._failure: GatewayError | None = None
+        #: why the stream to Triton broke, once it did
+        self.failure: GatewayError | None = None
+        #: the handler's task while it still reads the client's requests: the stream to
+        #: Triton breaking cancels it there (a client that sends nothing more would not
+        #: learn of it otherwise), and `ModelStreamInfer` answers `failure`
+        self._feeding: asyncio.Task[Any] | None = None
 
     async def run(self, requests: AsyncIterator[service_pb2.ModelInferRequest]) -> None:
         self._writer = asyncio.create_task(self._write())
+        self._feeding = asyncio.current_task()
         metadata = forwarded_metadata(self.context.invocation_metadata())
         async for request in requests:
-            if self._failure is not None:
+            if self.failure is not None:
                 break
             try:
                 route = await self._admit(request)
@@ -575,13 +581,14 @@ class _Stream:
                 self._reader = asyncio.create_task(self._read())
             await self._to_triton.put(request)
             self.gw.metrics.answered(route, 200)
+        self._feeding = None
         await self._to_triton.put(None)  # half-close towards Triton: it ends after its answers
         if self._reader is not None:
             await self._reader
         await self._out.put(None)
         await self._writer
-        if self._failure is not None:
-            await _abort(self.context, self._failure)
+        if self.failure is not None:
+            await _abort(self.context, self.failure)
 
     def front_route(self, request: service_pb2.ModelInferRequest) -> ModelRoute | None:
         with contextlib.suppress(GatewayError):
@@ -621,7 +628,9 @@ class _Stream:
                         )
                 await self._out.put(answer)
         except grpc.aio.AioRpcError as e:
-            self._failure = self.front.upstream.error_of(e, "ModelStreamInfer")
+            self.failure = self.front.upstream.error_of(e, "ModelStreamInfer")
+            if self._feeding is not None:
+                self._feeding.cancel(self.failure.message)
 
     async def _write(self) -> None:
         while True:
