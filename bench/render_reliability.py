@@ -36,7 +36,7 @@ MIB = 1 << 20
 
 #: Sections this renderer lays out itself, in this order; any other section a test
 #: records is rendered as a plain table after them.
-KNOWN = ("faults", "load", "inputs", "access")
+KNOWN = ("faults", "load", "inputs", "fuzz", "access")
 
 
 def folder_for(machine_class_name: str) -> Path:
@@ -112,6 +112,21 @@ def limits_block(existing: str) -> str:
 
 # -- rendering (pure) ------------------------------------------------------------------------
 
+FUZZ_INTRO = (
+    "The real agent (its gateway and control API) and the real Triton, fuzzed at once "
+    "(`tests/integration/test_reliability_fuzz.py`): schemathesis cases generated from the "
+    "control API's OpenAPI document (every operation, data it allows and data it does not, "
+    "mostly with the right token), and a seeded generator of hostile gateway requests "
+    "(`tests/support/hostile_bodies.py`: v2 infer bodies as JSON and binary tensors, generate "
+    "bodies, OpenAI completions, chat and embeddings bodies, odd encodings and headers, raw "
+    "HTTP no client library sends) at three toy models. It passes when no answer is a 5xx but "
+    "a 503 or 429 with `Retry-After`, each control API answer is one its document declares "
+    "with a body of its schema, every request is answered within 20 s, Triton and the agent "
+    "are the same processes at the end with no abort in Triton's log, and a model nobody "
+    "fuzzes answers correctly every 250 inputs and at the end. A row per kind of input, "
+    "its answers by status; the last row sums up."
+)
+
 
 def render(run: dict[str, Any], sections: dict[str, list[dict[str, Any]]], limits: str) -> str:
     m = run.get("machine", {})
@@ -138,6 +153,7 @@ def render(run: dict[str, Any], sections: dict[str, list[dict[str, Any]]], limit
     out += _generic("Inputs tried", sections.get("inputs", []),
                     "Each hostile or malformed input and how it was answered (the limits it "
                     "met are stated in the table below).")  # fmt: skip
+    out += _generic("Fuzzing", sections.get("fuzz", []), FUZZ_INTRO)
     out += ["## Input limits", "", limits, ""]
     out += _generic("Access checks", sections.get("access", []),
                     "Within the trust model of DESIGN.md §1: what a workload or a caller "

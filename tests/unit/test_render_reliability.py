@@ -68,6 +68,7 @@ def test_the_limits_block_is_kept_verbatim_and_every_section_rendered() -> None:
         ],
         "inputs": [{"test": "t", "input": "a | pipe", "outcome": "400"}],
         "access": [{"check": "token missing", "outcome": "401"}],
+        "fuzz": [{"test": "t", "input": "v2 infer, JSON", "tried": 3, "answers": "3 x 400"}],
     }
     doc = render(RUN, sections, LIMITS)
     assert LIMITS in doc
@@ -80,6 +81,8 @@ def test_the_limits_block_is_kept_verbatim_and_every_section_rendered() -> None:
     ended = render({**RUN, "pytest_exit_status": 1, "finished_at": "x"}, sections, LIMITS)
     assert "pytest exit status 1, some tests failed" in ended
     assert doc.index("## Input limits") < doc.index("## Access checks")
+    assert doc.index("## Inputs tried") < doc.index("## Fuzzing") < doc.index("## Input limits")
+    assert "| v2 infer, JSON | 3 | 3 x 400 |" in doc and "schemathesis" in doc
 
     lost = {**sections, "faults": [{**sections["faults"][0], "lost_bytes": 4096, "wrong": 2}]}
     said = render(RUN, lost, LIMITS)
