@@ -32,8 +32,12 @@ LOADED_PHASES = frozenset({"Resident", "SwappedOut", "SwappingIn", "SwappingOut"
 HELD_PHASES = LOADED_PHASES | {"Dropped"}
 #: The reason Loaded gives when the source's credentials cannot be resolved.
 CREDENTIALS_UNAVAILABLE = "CredentialsUnavailable"
+#: The reason Loaded gives when the operator may not read the model's credentials Secret:
+#: its namespace did not opt in (the chart's `operator.credentials.namespaces`) or RBAC
+#: refused the read. The message names the namespace and how to opt it in.
+CREDENTIALS_NOT_OPTED_IN = "CredentialsNotOptedIn"
 #: Reasons worth a Warning Event even on a True condition: something a user must fix.
-WARNING_REASONS = frozenset({CREDENTIALS_UNAVAILABLE})
+WARNING_REASONS = frozenset({CREDENTIALS_UNAVAILABLE, CREDENTIALS_NOT_OPTED_IN})
 #: Reasons of a False condition that mean "on its way", worth a Normal Event, not a Warning.
 PROGRESS_REASONS = frozenset(
     {
@@ -67,6 +71,9 @@ class Verdict:
     #: its key) while the node holds the model: it keeps serving, sent without
     #: credentials, but a load from the source would fail. The message says why.
     source_problem: str | None = None
+    #: The Loaded reason `source_problem` gives (`CREDENTIALS_NOT_OPTED_IN` when the
+    #: namespace may not be read).
+    source_reason: str = CREDENTIALS_UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -174,14 +181,14 @@ def _loaded(verdict: Verdict, observed: Observed) -> Condition:
                          message=push.message or f"the agent answered {push.outcome}")  # fmt: skip
     if hosted is not None and hosted.state in LOADED_PHASES:
         if verdict.source_problem is not None:
-            return Condition(type="Loaded", status="True", reason=CREDENTIALS_UNAVAILABLE,
+            return Condition(type="Loaded", status="True", reason=verdict.source_reason,
                              message=f"held by node {verdict.node}, but the source is no "
                                      f"longer reachable: {verdict.source_problem}; a load "
                                      "from the source would fail")  # fmt: skip
         return Condition(type="Loaded", status="True", reason=hosted.state or "Resident",
                          message=f"held by node {verdict.node}")  # fmt: skip
     if verdict.source_problem is not None:
-        return Condition(type="Loaded", status="False", reason=CREDENTIALS_UNAVAILABLE,
+        return Condition(type="Loaded", status="False", reason=verdict.source_reason,
                          message=f"the source is no longer reachable: "
                                  f"{verdict.source_problem}")  # fmt: skip
     if hosted is not None and hosted.state == "Failed":
