@@ -4,12 +4,16 @@
         [--operator-namespace NS] [--identity NAME] [--grace-seconds S]
         [--defaults FILE] [--token-secret NAME] [--leader-lease NAME]
         [--leader-lease-seconds S] [--leader-renew-seconds S]
-        [--node-lease-namespace NS] [--http-port P] [--allow-plain-http]
+        [--node-lease-namespace NS] [--credentials-opt-in [--credentials-namespace NS ...]]
+        [--http-port P] [--allow-plain-http]
         [--log-level LEVEL] [--plain-logs]
 
 Each flag falls back to an environment variable (`MODELSWAP_` + the flag's name in upper
 case with `_`, e.g. `MODELSWAP_GRACE_SECONDS`; the chart sets `MODELSWAP_IDENTITY` from the
-pod name and `MODELSWAP_OPERATOR_NAMESPACE` from the pod's namespace). `--grace-seconds`
+pod name and `MODELSWAP_OPERATOR_NAMESPACE` from the pod's namespace; the namespace lists
+fall back to comma-separated `MODELSWAP_NAMESPACES` and `MODELSWAP_CREDENTIALS_NAMESPACES`).
+`--credentials-opt-in` limits the reading of models' credentialsSecretRef Secrets to the
+`--credentials-namespace` namespaces (none listed: no namespace). `--grace-seconds`
 must equal the agents' `control.graceSeconds`. Exit status: 0 after SIGTERM/SIGINT, 1 when
 leadership was lost (the pod restarts and stands by), 2 for invalid settings.
 """
@@ -70,6 +74,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--leader-lease-seconds", type=int, help="leader Lease duration (15)")
     parser.add_argument("--leader-renew-seconds", type=float, help="leader Lease renewals (5)")
     parser.add_argument("--node-lease-namespace", help="where agents keep their node Leases")
+    parser.add_argument(
+        "--credentials-opt-in",
+        action="store_true",
+        help="read credentialsSecretRef Secrets only in the --credentials-namespace namespaces",
+    )
+    parser.add_argument(
+        "--credentials-namespace",
+        action="append",
+        dest="credential_namespaces",
+        help="a namespace opted in to source credentials (repeatable; with --credentials-opt-in)",
+    )
     parser.add_argument("--http-port", type=int, help="/healthz, /readyz, /metrics (0: none)")
     parser.add_argument(
         "--allow-plain-http",
@@ -101,6 +116,17 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Opera
     if namespaces and args.all_namespaces:
         raise SettingsError("--namespace and --all-namespaces exclude each other")
     values["namespaces"] = tuple(n.strip() for n in namespaces)
+    listed = environ.get(ENV_PREFIX + "CREDENTIALS_NAMESPACES") or ""
+    credential_namespaces = getattr(args, "credential_namespaces", None) or [
+        n for n in listed.split(",") if n.strip()
+    ]
+    if pick("credentials-opt-in") not in (None, "", "0", "false"):
+        values["credential_namespaces"] = tuple(n.strip() for n in credential_namespaces)
+    elif credential_namespaces:
+        raise SettingsError("--credentials-namespace is read only with --credentials-opt-in")
+    unserved = sorted(set(values.get("credential_namespaces") or ()) - set(values["namespaces"]))
+    if values["namespaces"] and unserved:
+        raise SettingsError(f"--credentials-namespace {unserved[0]}: not served (no --namespace)")
     for option, key in (
         ("operator-namespace", "namespace"),
         ("identity", "identity"),

@@ -26,6 +26,31 @@ AUTHORIZATION_KEY = "authorization"
 _ENTRY_FIELD = re.compile(r"^entries\[(\d+)\]\.?")
 
 
+def credentials_refusal(namespace: str, opted_in: tuple[str, ...] | None) -> str | None:
+    """Why a credentialsSecretRef Secret in `namespace` is not to be read, or None when it
+    may be (`opted_in` None: every served namespace may be read). The message names the
+    namespace and how to opt it in; the read is not even attempted, so a namespace that
+    did not opt in sees no request for its Secrets."""
+    if opted_in is None or namespace in opted_in:
+        return None
+    listed = ", ".join(opted_in) or "none"
+    return (
+        f"namespace {namespace!r} has not opted in to source credentials: the operator "
+        f"reads credentialsSecretRef Secrets only in the namespaces listed in the chart's "
+        f"operator.credentials.namespaces (now: {listed}); add {namespace!r} there and "
+        f'run helm upgrade (docs/operations.md, "Source credentials")'
+    )
+
+
+def forbidden_message(namespace: str, secret_name: str) -> str:
+    """What a 403 on the Secret's read says: the operator's rights do not cover it."""
+    return (
+        f"the API server refused the operator reading Secret {secret_name!r} in namespace "
+        f"{namespace!r} (403): its ServiceAccount has no get on Secrets there; opt the "
+        f"namespace in (the chart's operator.credentials.namespaces) and run helm upgrade"
+    )
+
+
 @dataclass(frozen=True)
 class EntryProblem:
     """Why a model's entry cannot be sent; `field` names the spec or Secret field."""

@@ -3,6 +3,9 @@
 OperatorError
 ├── SettingsError        a flag, environment value or defaults file is invalid
 ├── TermExhausted        an agent has seen the highest term the control API allows
+├── CredentialsNotPermitted  a model's credentials Secret may not be read: its namespace
+│                        did not opt in, or RBAC refused the read (also a ValueError, as
+│                        every unusable credentials Secret is in desired.py)
 └── AgentError           a node agent's control API call failed
     ├── AgentUnreachable connection refused, reset or timed out
     ├── AgentUntrusted   the agent's certificate is not the one its SwapNode publishes,
@@ -22,6 +25,10 @@ class SettingsError(OperatorError):
 
 
 class TermExhausted(OperatorError):  # noqa: N818 - a state, like the API's reasons
+    pass
+
+
+class CredentialsNotPermitted(OperatorError, ValueError):  # noqa: N818 - a state, as above
     pass
 
 

@@ -47,13 +47,20 @@ from modelswap_api.models import HostedModel, ModelDeployment, SwapNode
 from modelswap_operator import desired, planner, routing, terms
 from modelswap_operator.agents import AgentAddress, AgentClients
 from modelswap_operator.cache import Body, Cache, Snapshot
-from modelswap_operator.errors import AgentError, AgentRefused, TermExhausted
+from modelswap_operator.errors import (
+    AgentError,
+    AgentRefused,
+    CredentialsNotPermitted,
+    TermExhausted,
+)
 from modelswap_operator.events import EventRecorder
 from modelswap_operator.kubeio import KubeIO
 from modelswap_operator.metrics import OperatorMetrics
 from modelswap_operator.planning.eligibility import NodeView, node_views
 from modelswap_operator.settings import OperatorSettings
 from modelswap_operator.status import (
+    CREDENTIALS_NOT_OPTED_IN,
+    CREDENTIALS_UNAVAILABLE,
     HELD_PHASES,
     Observed,
     Verdict,
@@ -430,7 +437,7 @@ class Reconciler:
         Left out, it would be unloaded after the grace period. A model not held yet is
         left out: a load would fail."""
         by_node: dict[str, list[DesiredEntry]] = {name: [] for name in live}
-        secrets: dict[tuple[str, str], Body | None] = {}
+        secrets: dict[tuple[str, str], Body | CredentialsNotPermitted | None] = {}
         for deployment in active:
             uid = str(deployment.metadata["uid"])
             verdict = verdicts.get(uid)
@@ -441,19 +448,25 @@ class Reconciler:
             if reference is not None:
                 key = (deployment.namespace, reference.name)
                 if key not in secrets:
-                    secrets[key] = await self.io.call(kube.read_secret, *key)
-                try:
-                    credentials = desired.credentials_from_secret(secrets[key], reference.name)
-                except ValueError as e:
+                    secrets[key] = await self._credentials_secret(*key)
+                found = secrets[key]
+                unusable: ValueError | None = None
+                reason = CREDENTIALS_UNAVAILABLE
+                if isinstance(found, CredentialsNotPermitted):
+                    unusable, reason = found, CREDENTIALS_NOT_OPTED_IN
+                else:
+                    try:
+                        credentials = desired.credentials_from_secret(found, reference.name)
+                    except ValueError as e:
+                        unusable = e
+                if unusable is not None:
                     field_path = "spec.model.source.credentialsSecretRef"
                     hosted = (reports.get(verdict.node) or {}).get(uid)
                     if hosted is None or hosted.state not in HELD_PHASES:
-                        verdicts[uid] = _with_problem(
-                            verdict, "CredentialsUnavailable", field_path, str(e)
-                        )
+                        verdicts[uid] = _with_problem(verdict, reason, field_path, str(unusable))
                         continue
                     verdicts[uid] = dataclasses.replace(
-                        verdict, source_problem=f"{field_path}: {e}"
+                        verdict, source_problem=f"{field_path}: {unusable}", source_reason=reason
                     )
             entry = desired.entry_for(
                 deployment, gpu=verdict.gpu or "", policy=verdict.policy, credentials=credentials
@@ -469,6 +482,23 @@ class Reconciler:
                 continue
             by_node[verdict.node].append(entry)
         return by_node
+
+    async def _credentials_secret(
+        self, namespace: str, name: str
+    ) -> Body | CredentialsNotPermitted | None:
+        """A credentialsSecretRef Secret, None when there is none, or why it may not be
+        read: a namespace that did not opt in (`settings.credential_namespaces`) is not
+        asked at all; a 403 (RBAC and the settings disagree) is the model's problem, not a
+        failed turn for every model."""
+        refusal = desired.credentials_refusal(namespace, self.settings.credential_namespaces)
+        if refusal is not None:
+            return CredentialsNotPermitted(refusal)
+        try:
+            return await self.io.call(kube.read_secret, namespace, name)
+        except kube.KubeError as e:
+            if e.status != 403:
+                raise
+            return CredentialsNotPermitted(desired.forbidden_message(namespace, name))
 
     async def _push_all(
         self, snap: Snapshot, live: set[str], entries: dict[str, list[DesiredEntry]], now: float

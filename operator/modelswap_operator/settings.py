@@ -30,6 +30,11 @@ class OperatorSettings:
     kubeconfig: Path | None = None
     #: The namespaces whose ModelDeployments this operator serves; empty: every namespace.
     namespaces: tuple[str, ...] = ()
+    #: Where the operator may read models' credentialsSecretRef Secrets. None: in every
+    #: namespace it serves (the chart's `operator.credentials.access: cluster`); a tuple:
+    #: only in these (`optIn`; the chart grants `get secrets` there alone), and a model
+    #: elsewhere is told to opt its namespace in, with no read attempted.
+    credential_namespaces: tuple[str, ...] | None = None
     #: The operator's own namespace: its leader Lease and the control token Secret.
     namespace: str = "modelswap-system"
     #: The pod name (or any stable name); each start appends a nonce for the Lease holder.
