@@ -17,7 +17,8 @@ requests at Triton the same way when its swap-out's drain deadline passes, and a
 them 503 `DrainDeadline`.
 
 Errors are answered as `{"error": message, "reason": reason}` on v2 routes and as OpenAI
-error objects on `/v1` routes, with `Retry-After` on 429 and 503 refusals.
+error objects on `/v1` routes, with `Retry-After` on 429 and 503 refusals. Whole answers
+(not event streams) are compressed when the client asks (`compression`).
 
 Client connections are capped (`connections`: `GatewaySettings.max_connections` in all,
 `max_connections_per_address` from one address, read against the open-files limit when the
@@ -39,6 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 
 from modelswap_sidecar.gateway import embeddings_handlers, openai, openai_handlers, v2
+from modelswap_sidecar.gateway.compression import compressed
 from modelswap_sidecar.gateway.connections import (
     ConnectionLimiter,
     open_fds,
@@ -106,15 +108,15 @@ class GatewayApp:
                 await _expect(request)
             response = await handler(call)
             code = call.code or response.status
-            return response
+            return await compressed(request, response)
         except GatewayError as e:
             code = e.status
-            return error_response(call, e)
+            return await compressed(request, error_response(call, e))
         except web.HTTPException as e:
             code = e.status
             if e.status < 400:
                 raise
-            return error_response(call, _http_error(e))
+            return await compressed(request, error_response(call, _http_error(e)))
         except asyncio.CancelledError:
             ended = call.ended
             task = asyncio.current_task()

@@ -59,7 +59,7 @@ from modelswap_sidecar.gateway.errors import (
     NamespaceRequiredError,
 )
 from modelswap_sidecar.gateway.grpc_forward import GrpcUpstream, TritonRpcError, forwarded_metadata
-from modelswap_sidecar.gateway.routing import is_namespace, split_qualified
+from modelswap_sidecar.gateway.routing import is_namespace, split_qualified, statistics_names
 from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -450,15 +450,15 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
                 f"no namespace: send the {NAMESPACE_METADATA} metadata to read every model's "
                 "statistics"
             )
-        by_triton = {r.triton_name: r for r in self.gw.directory.routes(named)}
+        names = statistics_names(self.gw.directory.routes(named))
         answer: service_pb2.ModelStatisticsResponse = await self.upstream.call(
             "ModelStatistics", request
         )
         kept = service_pb2.ModelStatisticsResponse()
         for stats in answer.model_stats:
-            route = by_triton.get(stats.name)
-            if route is not None:
-                stats.name = f"{route.namespace}/{route.name}"
+            name = names.get(stats.name)
+            if name is not None:
+                stats.name = name
                 kept.model_stats.append(stats)
         return kept
 

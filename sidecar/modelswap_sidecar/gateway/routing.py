@@ -117,6 +117,13 @@ def display_ids(routes: Sequence[ModelRoute]) -> list[tuple[str, ModelRoute]]:
     return sorted(listed, key=lambda item: item[0])
 
 
+def statistics_names(routes: Iterable[ModelRoute]) -> dict[str, str]:
+    """Each route's Triton name -> the name every model's statistics list it under,
+    `namespace/name` (HTTP's `GET /v2/models/stats`, gRPC's `ModelStatistics` without a
+    name): one list may hold several namespaces' models (local mode)."""
+    return {route.triton_name: f"{route.namespace}/{route.name}" for route in routes}
+
+
 class RouteTable:
     """`lookup` and `routes` of a `ModelDirectory` over a set the agent replaces whole."""
 

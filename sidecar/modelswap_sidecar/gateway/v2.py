@@ -2,7 +2,9 @@
 
     GET  /v2/health/live                         the gateway answers
     GET  /v2/health/ready                        the desired models known, Triton ready
-    GET  /v2                                     Triton's server metadata
+    GET  /v2                                     Triton's server metadata, listing only
+                                                 the extensions the gateway serves
+    GET  [/ns/{ns}]/v2/models/stats                                every model's statistics
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]                  model metadata
     GET  [/ns/{ns}]/v2/models/{m}[/versions/{v}]/ready            model readiness
     GET  [/ns/{ns}]/v2/models/{m}/config                          model configuration
@@ -18,7 +20,11 @@ swapped-out model is ready (it serves on request) and says where it is in
 Triton still holds it (`onSwapOut: host`) and are otherwise a 503 until the next inference.
 The configuration is shown without the `modelswap.` parameters the agent adds (how a model
 reaches the agent is none of a caller's business, DESIGN.md §1). Triton's repository API
-(load/unload) is not exposed.
+(load/unload) is not exposed, and `/v2` does not list it (`extensions`). `/v2/models/stats`
+lists every model of the request's namespace (every model in local mode) that Triton holds,
+each named `namespace/name`, as gRPC's `ModelStatistics` without a name does; like Triton,
+it is never the metadata of a model named `stats` (`/v2/models/stats/stats` is its
+statistics).
 
 Bodies are checked before anything is forwarded or swapped in (400, naming what is
 wrong): an inference request's inputs against the bytes the body carries for them
@@ -42,7 +48,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 
 from modelswap_api.json_input import nesting_exceeds
-from modelswap_sidecar.gateway import generation, sse, tensors
+from modelswap_sidecar.gateway import extensions, generation, sse, tensors
 from modelswap_sidecar.gateway.bodies import MAX_JSON_DEPTH, read_body
 from modelswap_sidecar.gateway.config_reads import model_config
 from modelswap_sidecar.gateway.context import Call, Gateway, Handler
@@ -58,7 +64,13 @@ from modelswap_sidecar.gateway.errors import (
 )
 from modelswap_sidecar.gateway.exchange import STATE_HEADER, Exchange, route_for, wants_progress
 from modelswap_sidecar.gateway.paths import Endpoint, PathTable
-from modelswap_sidecar.gateway.rewrite import rename_infer_response, rename_json, rename_stats
+from modelswap_sidecar.gateway.rewrite import (
+    rename_infer_response,
+    rename_json,
+    rename_stats,
+    triton_message,
+)
+from modelswap_sidecar.gateway.routing import scope_of, statistics_names
 from modelswap_sidecar.gateway.upstream import forwarded_headers, model_path
 from modelswap_sidecar.triton.config import PARAMETER_PREFIX
 
@@ -88,7 +100,9 @@ def add_routes(paths: PathTable[Handler]) -> None:
     paths.v2_model("/config", _get(_config), versioned=False)  # Triton has none per version
     paths.fixed("/v2/health/live", _get(_live))
     paths.fixed("/v2/health/ready", _get(_server_ready))
-    paths.fixed("/v2", _get(_server_metadata))
+    paths.fixed("/v2", _get(_server_metadata_of(paths)))
+    # before `/v2/models/{m}` (a scoped path matches first), as Triton's own route is
+    paths.scoped("/v2/models/stats", _get(_every_statistics))
 
 
 async def _live(call: Call) -> web.Response:
@@ -110,11 +124,55 @@ async def _server_ready(call: Call) -> web.Response:
     )
 
 
-async def _server_metadata(call: Call) -> web.Response:
-    gw = call.gw
-    async with await gw.upstream.open("GET", "/v2") as response:
-        body = await gw.upstream.read(response)
+def _server_metadata_of(paths: PathTable[Handler]) -> Handler:
+    """`GET /v2`: Triton's server metadata, its `extensions` cut to those the gateway routes
+    (`extensions.served`, read from `paths` when asked: every route is added by then)."""
+
+    async def server_metadata(call: Call) -> web.Response:
+        gw = call.gw
+        async with await gw.upstream.open("GET", "/v2") as response:
+            body = await gw.upstream.read(response)
+        if response.status == 200:
+            try:
+                metadata = json.loads(body)
+            except ValueError:
+                metadata = None
+            if isinstance(metadata, dict) and isinstance(metadata.get("extensions"), list):
+                metadata["extensions"] = extensions.served(metadata["extensions"], paths)
+                body = json.dumps(metadata, separators=(",", ":")).encode()
         return web.Response(status=response.status, body=body, content_type="application/json")
+
+    return server_metadata
+
+
+async def _every_statistics(call: Call) -> web.Response:
+    """`GET [/ns/{ns}]/v2/models/stats`: Triton's statistics of every model it holds, kept
+    to the request's namespace (from the path prefix or the Host, as for one model's; local
+    mode without one: every model) and named `namespace/name`. Wakes no model."""
+    gw = call.gw
+    scope = scope_of(
+        call.namespace, call.request.headers.get("Host"), local_mode=gw.settings.local_mode
+    )
+    names = statistics_names(gw.directory.routes(scope.namespace))
+    async with await gw.upstream.open("GET", "/v2/models/stats") as answer:
+        body = await gw.upstream.read(answer)
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if answer.status != 200 or not isinstance(parsed, dict):
+        status = answer.status if answer.status >= 400 else 502
+        raise TritonRefusedError(triton_message(body), status)
+    kept = []
+    for stats in parsed.get("model_stats") or ():
+        triton_name = stats.get("name") if isinstance(stats, dict) else None
+        name = names.get(triton_name) if isinstance(triton_name, str) else None
+        if name is not None:
+            kept.append({**stats, "name": name})
+    return web.Response(
+        body=json.dumps({"model_stats": kept}, separators=(",", ":")).encode(),
+        content_type="application/json",
+    )
 
 
 async def _metadata(call: Call) -> web.Response:
