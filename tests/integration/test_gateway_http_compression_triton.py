@@ -122,6 +122,21 @@ async def test_tritonclient_http_compression_matrix_statistics_and_extensions(
                 }
             ]  # fmt: skip
             assert gateway_metadata["version"] == triton_metadata["version"]
+            # listed extensions carried by an inference's parameters work through the gateway:
+            # classification (the top 2 of OUTPUT0), schedule_policy (priority, timeout),
+            # parameters (a custom one)
+            values = np.array([0.5, 3.0, 1.0], dtype=np.float32)
+            result = await client.infer(
+                "plain",
+                inputs(triton_aio, values, binary=False),
+                outputs=[triton_aio.InferRequestedOutput("OUTPUT0", class_count=2)],
+                priority=1,
+                timeout=10_000_000,
+                parameters={"note": "kept"},
+                response_compression_algorithm="gzip",
+            )
+            top = result.as_numpy("OUTPUT0")
+            assert top is not None and [t.decode() for t in top] == ["6.000000:1", "2.000000:2"]
         finally:
             await client.close()
 
