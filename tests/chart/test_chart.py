@@ -45,6 +45,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                            "dra": {"enabled": True, "deviceClassName": "gpu.nvidia.com"}}]},
     "monitoring": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}},
     "no-crds": {"crds": {"enabled": False}, "operator": {"watchNamespaces": ["team-a", "b"]}},
+    # The recommended install (docs/operations.md): credentials read only where opted in.
+    "credentials-opt-in": {"operator": {"credentials": {"access": "optIn",
+                                                        "namespaces": ["team-a", "team-c"]}}},
     "sim": {"node": {"backend": "sim", "modelSources": [
         {"name": "models", "mountPath": "/models",
          "volume": {"hostPath": {"path": "/srv/models", "type": "Directory"}}}]},
@@ -140,6 +143,10 @@ def test_both_helms_render_the_same(tmp_path: Path) -> None:
         ({"graceSeconds": "90"}, "/graceSeconds"),
         ({"node": {"tritonPorts": {"http": 9090, "grpc": 8001}}}, "/node/tritonPorts"),
         ({"node": {"tritonPorts": {"http": 0, "grpc": 8001}}}, "/node/tritonPorts/http"),
+        ({"operator": {"credentials": {"access": "namespaces", "namespaces": []}}},
+         "/operator/credentials/access"),
+        ({"operator": {"credentials": {"access": "optIn", "namespaces": ["Team_A"]}}},
+         "/operator/credentials/namespaces/0"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused_naming_the_key(
@@ -464,3 +471,100 @@ def test_dashboard_configmap_ships_the_file(tmp_path: Path) -> None:
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads(config["data"]["modelswap.json"])
     assert shipped == json.loads((CHART / "dashboards" / "modelswap.json").read_text())
+
+
+# -- which Secrets the operator may read (issue 27, item 9) ---------------------------------------
+
+
+def secret_grants(objects: list[dict[str, Any]]) -> set[tuple[str, str | None, str, str]]:
+    """(binding kind, its namespace or None for cluster-wide, role name, verb) of every
+    Secret right a binding gives the operator's ServiceAccount."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}  # fmt: skip
+    found = set()
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s["name"] == "ms-modelswap-operator" for s in binding["subjects"]):
+            continue
+        ref = binding["roleRef"]
+        for rule in roles[(ref["kind"], ref["name"])]["rules"]:
+            if "secrets" in rule["resources"]:
+                names = ",".join(rule.get("resourceNames") or ())
+                for verb in rule["verbs"]:
+                    found.add((binding["kind"], binding["metadata"].get("namespace"),
+                               ref["name"] + (f"[{names}]" if names else ""), verb))  # fmt: skip
+    return found
+
+
+#: The operator's own Secret rights in the release namespace: the control token (tokens.py).
+TOKEN_RIGHTS = {
+    ("RoleBinding", NAMESPACE, "ms-modelswap-operator", "create"),
+    ("RoleBinding", NAMESPACE, "ms-modelswap-operator[modelswap-control-token]", "get"),
+}
+
+
+def operator_settings(objects: list[dict[str, Any]], tmp: Path) -> Any:
+    container = operator_container(objects)
+    args = [a.replace("/etc/modelswap/", f"{tmp}/") for a in container["args"]]
+    (tmp / "defaults.yaml").write_text(
+        find(objects, "ConfigMap", "ms-modelswap-operator")["data"]["defaults.yaml"]
+    )
+    parser = argparse.ArgumentParser()
+    operator_command.register(parser.add_subparsers())
+    return operator_command.settings_from(parser.parse_args(["operator", *args]), {})
+
+
+def test_cluster_access_reads_secrets_wherever_models_are_served(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    assert secret_grants(rendered) == TOKEN_RIGHTS | {
+        ("ClusterRoleBinding", None, "ms-modelswap-operator-models", "get")
+    }
+    assert operator_settings(rendered, tmp_path).credential_namespaces is None
+    watched = render({"operator": {"watchNamespaces": ["team-a", "b"]}}, tmp_path)
+    assert secret_grants(watched) == TOKEN_RIGHTS | {
+        ("RoleBinding", ns, "ms-modelswap-operator-models", "get") for ns in ("team-a", "b")
+    }
+
+
+def test_opt_in_grants_secret_reads_only_in_the_listed_namespaces(tmp_path: Path) -> None:
+    objects = render(VALUE_SETS["credentials-opt-in"], tmp_path)
+    # No cluster-wide Secret read: one RoleBinding of the get-only role per listed namespace.
+    assert secret_grants(objects) == TOKEN_RIGHTS | {
+        ("RoleBinding", ns, "ms-modelswap-operator-credentials", "get")
+        for ns in ("team-a", "team-c")
+    }
+    models = find(objects, "ClusterRole", "ms-modelswap-operator-models")
+    assert not [r for r in models["rules"] if "secrets" in r["resources"]]
+    # The operator is told the same list, so it asks nowhere else.
+    assert operator_settings(objects, tmp_path).credential_namespaces == ("team-a", "team-c")
+    # Opted in with no namespace listed: no Secret right but the token's, nothing read.
+    empty = render({"operator": {"credentials": {"access": "optIn", "namespaces": []}}}, tmp_path)
+    assert secret_grants(empty) == TOKEN_RIGHTS
+    assert operator_settings(empty, tmp_path).credential_namespaces == ()
+    # With watchNamespaces too: the watched namespaces' rights carry no Secret read.
+    both = render({"operator": {"watchNamespaces": ["team-a", "b"],
+                                "credentials": {"access": "optIn", "namespaces": ["team-a"]}}},
+                  tmp_path)  # fmt: skip
+    assert secret_grants(both) == TOKEN_RIGHTS | {
+        ("RoleBinding", "team-a", "ms-modelswap-operator-credentials", "get")
+    }
+    assert operator_settings(both, tmp_path).credential_namespaces == ("team-a",)
+
+
+@pytest.mark.parametrize(
+    ("operator", "message"),
+    [
+        ({"watchNamespaces": ["team-a"], "credentials": {"access": "optIn",
+                                                          "namespaces": ["team-b"]}},
+         '"team-b" is not in operator.watchNamespaces'),
+        ({"credentials": {"access": "cluster", "namespaces": ["team-a"]}},
+         "operator.credentials.namespaces is read only with operator.credentials.access: optIn"),
+    ],
+)  # fmt: skip
+def test_credentials_namespaces_that_would_mean_nothing_are_refused(
+    operator: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"operator": operator}))
+    done = helm("helm4", "template", "ms", str(CHART), "-n", NAMESPACE, "-f", str(path))
+    assert done.returncode != 0 and message in done.stderr, done.stderr
