@@ -105,8 +105,9 @@ def _compressible(response: web.StreamResponse) -> bytes | None:
 
 
 async def compressed(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
-    """`response` compressed as the request asks, when it can be (see the module); with
-    `Vary: Accept-Encoding` whenever its body could be."""
+    """`response` compressed as the request asks, when it can be (see the module). A
+    request with `Accept-Encoding` whose answer could be compressed gets `Vary:
+    Accept-Encoding`, compressed or not (`q=0`): the body depends on that header."""
     accept = request.headers.get("Accept-Encoding")
     if not accept:
         return response
