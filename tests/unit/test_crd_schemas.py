@@ -112,7 +112,9 @@ def test_every_cel_rule_compiles_and_reads_only_bounded_inputs() -> None:
 def test_durations_admit_never_and_quantities_refuse_what_the_issue_lists() -> None:
     spec = schema_of(crds.MODEL_DEPLOYMENT)["properties"]["spec"]
     quantities = [n for _, n in walk(spec) if n.get("x-kubernetes-int-or-string")]
-    assert len(quantities) == 5  # weightsBytes, kvCacheBytes, minHbmBytes, hostBytes, maxPromptBytes
+    assert (
+        len(quantities) == 5
+    )  # weightsBytes, kvCacheBytes, minHbmBytes, hostBytes, maxPromptBytes
     for node in quantities:
         assert node["minimum"] == 1
         for bad in ("0", "-1", "500m", "0Gi", "1.5", "0.5Ki"):
