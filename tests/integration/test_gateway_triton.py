@@ -208,7 +208,16 @@ async def test_openai_streams_token_by_token_and_aggregates(tmp_path: Path) -> N
                 for line in (await r.text()).splitlines()
                 if line.startswith("data: ")
             ]
-        assert events == [{"model_name": "tokens", "model_version": "1", "text_output": " X"}]
+        assert events == [
+            {
+                "model_name": "tokens",
+                "model_version": "1",
+                "text_output": " X",
+                "token_ids": 0,  # Triton writes a one-element tensor as a number
+                "prompt_tokens": 2,
+                "finish_reason": "length",
+            }
+        ]
         # Triton refuses infer on a decoupled model; the gateway says so before any swap-in.
         async with http.post(g.served.url + "/ns/team-a/v2/models/tokens/infer", json={}) as r:
             assert r.status == 400 and "generate_stream" in (await r.json())["error"]

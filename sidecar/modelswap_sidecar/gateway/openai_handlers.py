@@ -25,6 +25,7 @@ from aiohttp import web
 
 from modelswap_sidecar.gateway import generation, openai, sse
 from modelswap_sidecar.gateway.bodies import decode_json, read_body
+from modelswap_sidecar.gateway.config_reads import model_config
 from modelswap_sidecar.gateway.context import Call, Handler
 from modelswap_sidecar.gateway.errors import (
     GatewayError,
@@ -103,20 +104,33 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
     )
     completion = openai.Completion(text_request, created=int(gw.clock()))
     try:
+        if text_request.requirements():
+            # What only the model can do (sampling, log-probabilities, token counts) is
+            # declared in its configuration: read before any swap-in while Triton holds it.
+            config = await model_config(exchange)
+            openai.check_support(text_request, config, route.name)
         async with await exchange.forward(
             "POST", "/generate_stream", json_body=text_request.generate_body()
         ) as answer:
             if answer.status != 200:
                 raw = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)
                 raise TritonRefusedError(triton_message(raw), answer.status)
+            opening = completion.opening()
+            if opening is not None:
+                await exchange.write(sse.data_event(json.dumps(opening)))
             parser = sse.EventParser()
             async for chunk in gw.upstream.chunks(answer):
                 if not await _add_all(exchange, completion, parser.feed(chunk), cap):
-                    break  # past the bound: leaving closes Triton's connection (cancelled)
+                    # past the bound or at a stop sequence: leaving closes Triton's
+                    # connection, and Triton cancels the request
+                    break
             else:
                 await _add_all(exchange, completion, parser.close(), cap)
         if text_request.stream:
             await exchange.write(sse.data_event(json.dumps(completion.last_chunk())))
+            usage = completion.usage_chunk()
+            if usage is not None:
+                await exchange.write(sse.data_event(json.dumps(usage)))
             await exchange.write(DONE)
             stream = await exchange.stream()
             await stream.write_eof()
@@ -138,18 +152,16 @@ async def _add_all(
     events: Iterable[sse.Event],
     cap: generation.ResponseCap,
 ) -> bool:
-    """Add `events`; False once one arrives past the model's `max_tokens` (not added: the
-    answer ends there, finish reason `length`)."""
+    """Add `events`; False once the answer ends: at a stop sequence (finish reason
+    `stop`), or when one arrives past the model's `max_tokens` (not added: finish reason
+    `length`)."""
     for event in events:
         if not cap.take():
             completion.finish_reason = "length"
             return False
-        await _add(exchange, completion, event)
+        chunk = completion.add(openai.piece_of(event.data))
+        if chunk is not None and completion.request.stream:
+            await exchange.write(sse.data_event(json.dumps(chunk)))
+        if completion.stopped:
+            return False
     return True
-
-
-async def _add(exchange: Exchange, completion: openai.Completion, event: sse.Event) -> None:
-    text, finish_reason = openai.text_of(event.data)
-    chunk = completion.add(text, finish_reason)
-    if completion.request.stream:
-        await exchange.write(sse.data_event(json.dumps(chunk)))

@@ -36,8 +36,19 @@ Request parameters (what the gateway's OpenAI routes send; all optional):
     seed               with temperature > 0: the same seed gives the same tokens (a
                        torch.Generator per request; absent: a random seed)
     stop               a string, or a JSON list of strings: the text ends before the first
+    logprobs           0 to 20: each response also carries its tokens' text (`tokens`), their
+                       log-probabilities (`logprobs`: log-softmax of the model's logits, before
+                       any temperature) and the `logprobs` most likely tokens at each step with
+                       theirs (`top_tokens`, `top_logprobs`, flattened, most likely first)
     presence_penalty, frequency_penalty    not implemented: refused unless 0
-A parameter outside these ranges is refused with an error response naming it.
+A parameter outside these ranges is refused with an error response naming it. Every
+response also carries `prompt_tokens` (the prompt's token count, BOS included), so the
+gateway can report `usage`. The config's `sampling_parameters` lists the sampling fields
+taken, for the gateway to refuse others before the request reaches the model.
+
+A token's text (`tokens`, `top_tokens`) is its bytes as UTF-8, or when they are not whole
+UTF-8 (a byte-level token inside a character) OpenAI's spelling `bytes:\\xe2\\x82`; a
+special token is its name (`</s>`).
 """
 
 import contextlib
@@ -61,6 +72,8 @@ from modelswap_client.triton import attach_model  # modelswap
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: How long `finalize` waits for each running request to finish.
 FINALIZE_WAIT_SECONDS = 30.0
+#: Most alternatives per token a request may ask for (OpenAI's own bound).
+MAX_TOP_LOGPROBS = 20
 
 
 def parameter(config, key, default):
@@ -99,6 +112,7 @@ class Sampling:
         if self.top_p == 0:
             raise ValueError("top_p: must be above 0")
         self.seed = number("seed", None, -(2**63), 2**64 - 1, integer=True)
+        self.logprobs = number("logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
         self.stop = stop_strings(parameters.get("stop"))
         if context_left < 1:
             raise ValueError("text_input: the prompt fills the model's whole context")
@@ -207,6 +221,36 @@ class TextStream:
         return text[: len(text) - keep]
 
 
+def byte_level_alphabet():
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's `bytes_to_unicode`)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def token_texts(tokenizer):
+    """Every token id's text as the OpenAI routes show it (see the module's docstring)."""
+    byte_of = byte_level_alphabet()
+    special = set(tokenizer.all_special_ids)
+    texts = []
+    for token_id, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        if token_id in special or not all(c in byte_of for c in piece):
+            texts.append(piece)
+            continue
+        raw = bytes(byte_of[c] for c in piece)
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append("bytes:" + "".join(f"\\x{b:02x}" for b in raw))
+    return texts
+
+
 def text_of(request):
     raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)
     if raw.size != 1:
@@ -220,11 +264,26 @@ def text_of(request):
         raise ValueError(f"text_input is not UTF-8: {e}") from None
 
 
-def response(text, token_ids, finish_reason=None):
+def strings(values):
+    return np.array([v.encode() for v in values], dtype=np.object_)
+
+
+def response(text, token_ids, prompt_tokens, finish_reason=None, scores=None):
+    """One response: `scores` (when logprobs were asked) holds, per token of
+    `token_ids`, (its text, its log-probability, [(alternative's text, its log-probability)])."""
     tensors = [
         pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
         pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32)),
+        pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
     ]
+    if scores is not None:
+        top = [pair for _, _, alternatives in scores for pair in alternatives]
+        tensors += [
+            pb_utils.Tensor("tokens", strings([t for t, _, _ in scores])),
+            pb_utils.Tensor("logprobs", np.array([lp for _, lp, _ in scores], dtype=np.float32)),
+            pb_utils.Tensor("top_tokens", strings([t for t, _ in top])),
+            pb_utils.Tensor("top_logprobs", np.array([lp for _, lp in top], dtype=np.float32)),
+        ]
     if finish_reason is not None:
         tensors.append(
             pb_utils.Tensor("finish_reason", np.array([finish_reason.encode()], dtype=np.object_))
@@ -241,6 +300,7 @@ class TritonPythonModel:
         self.att = attach_model(args)  # modelswap
         self.model = mstorch.from_pretrained(self.att, AutoModelForCausalLM, folder)  # modelswap
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.token_texts = token_texts(self.tokenizer)
         self.context = int(self.model.config.max_position_embeddings)
         self.eos = self.model.config.eos_token_id
         self.eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
@@ -248,17 +308,32 @@ class TritonPythonModel:
         self.threads_lock = threading.Lock()
 
     def tokens(self, prompt_ids, sampling):
-        """Generated token ids, one at a time: the prompt in one forward pass, then one
-        token per pass over the KV cache."""
+        """Generated (token id, its scores or None), one at a time: the prompt in one
+        forward pass, then one token per pass over the KV cache."""
         cache = DynamicCache(config=self.model.config)
         device = self.model.device  # the region's: the CPU on the sim backend, else the GPU
         generator = sampling.generator(device)
         ids = torch.tensor([prompt_ids], device=device)
         for _ in range(sampling.max_tokens):
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-            token = sampling.pick(out.logits[:, -1, :].float(), generator)
-            yield token
+            logits = out.logits[:, -1, :].float()
+            token = sampling.pick(logits, generator)
+            yield token, self.scores(logits, token, sampling.logprobs)
             ids = torch.tensor([[token]], device=device)
+
+    def scores(self, logits, token, alternatives):
+        """(token's text, its log-probability, the `alternatives` most likely tokens'
+        (text, log-probability)) from the logits [1, vocab]; None when not asked."""
+        if alternatives is None:
+            return None
+        logprobs = torch.log_softmax(logits[0], dim=-1)
+        top = torch.topk(logprobs, alternatives) if alternatives else None
+        pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist())
+        return (
+            self.token_texts[token],
+            float(logprobs[token]),
+            [(self.token_texts[i], float(lp)) for i, lp in pairs],
+        )
 
     def generate(self, request, sender):
         """Stream one request's answer; every way out ends with a final response."""
@@ -277,8 +352,11 @@ class TritonPythonModel:
         stream = TextStream(self.tokenizer, sampling.stop)
         try:
             with self.att.in_use(), torch.inference_mode():  # modelswap
-                pending, reason = [], "length"
-                for count, token in enumerate(self.tokens(prompt_ids, sampling), start=1):
+                pending, scores, reason = [], [], "length"
+                asked = sampling.logprobs is not None
+                prompt_tokens = len(prompt_ids)
+                generated = self.tokens(prompt_ids, sampling)
+                for count, (token, score) in enumerate(generated, start=1):
                     if request.is_cancelled():  # the client hung up: stop generating for no one
                         pb_utils.Logger.log_info(
                             f"tinyllama: request cancelled by its client after {count - 1} tokens"
@@ -286,14 +364,19 @@ class TritonPythonModel:
                         sender.send(flags=FINAL)
                         return
                     pending.append(token)
+                    scores.append(score)
                     text = stream.add(token)
                     if token in self.eos or stream.stopped:
                         reason = "stop"
                         break
                     if text and count < sampling.max_tokens:
-                        sender.send(response(text, pending))
-                        pending = []
-                sender.send(response(text + stream.finish(), pending, reason), flags=FINAL)
+                        sender.send(
+                            response(text, pending, prompt_tokens, None, scores if asked else None)
+                        )
+                        pending, scores = [], []
+                rest = text + stream.finish()
+                final = response(rest, pending, prompt_tokens, reason, scores if asked else None)
+                sender.send(final, flags=FINAL)
         except Exception as e:  # the stream must end with a final response either way
             error = pb_utils.TritonError(f"tinyllama: {e}")
             sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)

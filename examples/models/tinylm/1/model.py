@@ -189,7 +189,7 @@ class TritonPythonModel:
                     last = index == max_tokens - 1
                     checksum = zlib.crc32(self.att.regions["weights"].view()) if last else -1
                     if text_mode:
-                        response = self._text_response(token)
+                        response = self._text_response(token, len(prompt), last)
                     else:
                         response = self._response(token, index, tier, checksum)
                     sender.send(response, flags=final if last else 0)
@@ -215,9 +215,22 @@ class TritonPythonModel:
             ]
         )
 
-    def _text_response(self, token):
-        text = np.array([ALPHABET[token].encode()], dtype=np.object_)
-        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)])
+    def _text_response(self, token, prompt_tokens, last):
+        """One character, the token it is and the prompt's token count (the gateway's
+        `usage`); the last also finish_reason "length" (there is no end-of-text token: the
+        text always runs to max_tokens)."""
+
+        def strings(value):
+            return np.array([value.encode()], dtype=np.object_)
+
+        tensors = [
+            pb_utils.Tensor("text_output", strings(ALPHABET[token])),
+            pb_utils.Tensor("token_ids", np.array([token], dtype=np.int32)),
+            pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
+        ]
+        if last:
+            tensors.append(pb_utils.Tensor("finish_reason", strings("length")))
+        return pb_utils.InferenceResponse(tensors)
 
     def _sequence(self):
         model = self

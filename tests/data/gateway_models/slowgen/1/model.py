@@ -4,7 +4,9 @@ Each request streams `" t0"`, `" t1"`, ... one response per token, a token every
 `token_seconds` (request parameter, default 0.05 s), at most `max_tokens` of them (request
 parameter, default 1,000,000). Between tokens it checks `request.is_cancelled()` (Triton
 sets it when the client's connection closes, or the request is cancelled otherwise) and
-stops without a further response.
+stops without a further response. Each response also carries `token_ids` ([i]) and
+`prompt_tokens` (the prompt's words), the last `finish_reason` "length" (the gateway's
+OpenAI `usage` and finish reason).
 
 Trace for tests: with the model parameter `modelswap.trace_dir`, each request's prompt
 (first word) names a file `<trace_dir>/<word>` to which the model appends one line per
@@ -59,7 +61,15 @@ class TritonPythonModel:
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     return
                 token = np.array([f" t{i}".encode()], dtype=np.object_)
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", token)]))
+                tensors = [
+                    pb_utils.Tensor("text_output", token),
+                    pb_utils.Tensor("token_ids", np.array([i], dtype=np.int32)),
+                    pb_utils.Tensor("prompt_tokens", np.array([len(words)], dtype=np.int32)),
+                ]
+                if i == max_tokens - 1:  # it always runs to max_tokens
+                    reason = np.array([b"length"], dtype=np.object_)
+                    tensors.append(pb_utils.Tensor("finish_reason", reason))
+                sender.send(pb_utils.InferenceResponse(tensors))
                 sent += 1
                 if i % 10 == 0:
                     self._trace(name, f"token {i}")
