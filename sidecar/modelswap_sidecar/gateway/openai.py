@@ -514,6 +514,7 @@ class Completion:
     def _logprobs(self, tokens: list[TokenLogprob]) -> dict[str, Any] | None:
         if self.request.logprobs is None:
             return None
+        k = self.request.logprobs  # no more alternatives than asked, whatever the model sent
         if self.request.kind == "chat":
             return {
                 "content": [
@@ -523,7 +524,7 @@ class Completion:
                         "bytes": list(token_bytes(t.token)),
                         "top_logprobs": [
                             {"token": s, "logprob": lp, "bytes": list(token_bytes(s))}
-                            for s, lp in t.top
+                            for s, lp in t.top[:k]
                         ],
                     }
                     for t in tokens
@@ -533,7 +534,7 @@ class Completion:
         return {
             "tokens": [t.token for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [dict(t.top) for t in tokens] if self.request.logprobs else None,
+            "top_logprobs": [dict(t.top[:k]) for t in tokens] if k else None,
             "text_offset": [t.offset for t in tokens],
         }
 
