@@ -6,8 +6,12 @@
     POST [/ns/{ns}]/v1/chat/completions          messages -> message
 
 A streaming request gets each response of the model as one chunk as soon as Triton sends
-it, then a chunk with the finish reason and `data: [DONE]`; a non-streaming one gets the
-responses' text joined. The OpenAI `model` may be written `namespace/name`.
+it (less a tail that could start a stop sequence), then a chunk with the finish reason,
+the `usage` chunk when asked, and `data: [DONE]`; a non-streaming one gets the responses'
+text joined. The answer ends at a stop sequence, which closes Triton's connection (the
+generation is cancelled). A request asking what only the model can do (sampling fields,
+log-probabilities, streamed usage) is checked against its configuration first
+(`openai.check_support`). The OpenAI `model` may be written `namespace/name`.
 
 Bounds (`generation`): `max_tokens` above the model's `spec.gateway.maxTokens` and a
 prompt (chat: the rendered messages) longer than its `maxPromptBytes` are 400

@@ -328,7 +328,7 @@ class TritonPythonModel:
             return None
         logprobs = torch.log_softmax(logits[0], dim=-1)
         top = torch.topk(logprobs, alternatives) if alternatives else None
-        pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist())
+        pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist(), strict=True)
         return (
             self.token_texts[token],
             float(logprobs[token]),
