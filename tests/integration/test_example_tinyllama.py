@@ -471,6 +471,8 @@ def test_stop_strings_cut_the_text_before_them(served: InProcess, reference: Ref
         ({"stop": '["a", 3]'}, "stop: must be a non-empty string or a list of them"),
         ({"presence_penalty": 0.5}, "presence_penalty: not implemented by this model (leave it 0)"),
         ({"frequency_penalty": 1}, "frequency_penalty: not implemented by this model (leave it 0)"),
+        ({"logprobs": 21}, "logprobs: must be between 0 and 20, not 21"),
+        ({"logprobs": 1.5}, "logprobs: must be an integer"),
     ],
 )
 def test_a_parameter_out_of_range_is_one_error_response_naming_it(
