@@ -1,7 +1,7 @@
 """OpenAI completeness with the test models behind a real Triton: a stop sequence ends a
 generation the model itself does not stop (slowgen: the gateway closes its request and
 Triton cancels it, which the model's trace shows), the model's own default token limit
-is finish reason `length`, `usage` from the models' token counts (streamed with
+is finish reason `length` (tinylm's too, in local mode), `usage` from the models' token counts (streamed with
 `stream_options.include_usage` too), and what a model's configuration does not declare
 (log-probabilities, sampling fields) is a 400 naming the field before anything reaches
 the model."""
@@ -15,8 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from examples.models import reference
 from tests.support.gateway_fakes import route
 from tests.support.gateway_triton import Served, gateway_over_triton
+from tests.support.local_up import local_up
 from tests.support.waiting import until
 
 SLOWGEN = route("slowgen", "team-a", decoupled=True)
@@ -113,3 +115,53 @@ async def test_stop_usage_finish_reason_and_refusals_with_the_test_models(tmp_pa
             assert r.status == 400, answer
             assert answer["error"]["message"].startswith(field), answer
         assert not any(trace(folder, f"never{i}") for i in (1, 2))
+
+
+TINYLM_YAML = """\
+apiVersion: modelswap.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: tinylm
+spec:
+  model:
+    source: {uri: /models/tinylm}
+    weightsBytes: 64Mi
+    kvCacheBytes: 1Mi
+  swapPolicy:
+    idleAfter: never
+    minResident: 1s
+    onSwapOut: host
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tinylm_in_local_mode_stops_counts_and_refuses_what_it_cannot_do() -> None:
+    """The issue's own case: `stop="g"` on tinylm returned the whole 16 characters; now the
+    text ends before it, and the model's default 16 tokens are finish reason `length`."""
+    root = Path(__file__).resolve().parents[2]
+    with local_up({"tinylm.yaml": TINYLM_YAML}, root / "examples" / "models") as node:
+        node.wait_phase("tinylm", "Resident", 120)
+        whole = reference.tinylm_complete("hello", 16)
+        r = node.post("/v1/completions", {"model": "tinylm", "prompt": "hello"})
+        choice, usage = r.json()["choices"][0], r.json()["usage"]
+        assert (choice["text"], choice["finish_reason"]) == (whole, "length")
+        assert usage == {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
+        cut = whole.index("g")
+        for stream in (False, True):
+            body = {"model": "tinylm", "prompt": "hello", "stop": "g", "stream": stream}
+            r = node.post("/v1/completions", body)
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = events(r.text)
+                text = "".join(c["choices"][0]["text"] for c in chunks)
+                reason = chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                text, reason = (
+                    r.json()["choices"][0]["text"],
+                    r.json()["choices"][0]["finish_reason"],
+                )
+            assert (text, reason) == (whole[:cut], "stop")
+        for field, extra in (("temperature", {"temperature": 0.2}), ("logprobs", {"logprobs": 1})):
+            r = node.post("/v1/completions", {"model": "tinylm", "prompt": "hello", **extra})
+            assert r.status_code == 400 and r.json()["error"]["message"].startswith(field)
