@@ -209,6 +209,38 @@ def patch_swapnode(
     )
 
 
+def delete_swapnode(
+    api: client.ApiClient,
+    name: str,
+    *,
+    resource_version: str | None = None,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+) -> bool:
+    """Delete a SwapNode: True when this call deleted it, False when it was gone.
+    `resource_version`: only that version (Conflict when it changed meanwhile)."""
+    options = (
+        client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(resource_version=resource_version)
+        )
+        if resource_version
+        else None
+    )
+    try:
+        _call(
+            f"delete swapnode {name}",
+            custom_objects(api).delete_cluster_custom_object,
+            SWAPNODE_GROUP,
+            SWAPNODE_VERSION,
+            SWAPNODE_PLURAL,
+            name,
+            body=options,
+            timeout_seconds=timeout_seconds,
+        )
+    except NotFound:
+        return False
+    return True
+
+
 def replace_swapnode_status(
     api: client.ApiClient,
     name: str,

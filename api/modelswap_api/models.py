@@ -20,6 +20,9 @@ Phase = Literal[
     "Pending", "Placed", "Loading", "Resident", "SwappingOut", "SwappedOut",
     "SwappingIn", "Dropped", "Failed", "Deleting",
 ]  # fmt: skip
+#: A ModelDeployment's phase: a node's phase for the model, or `Unknown` while the node
+#: that holds it cannot vouch for it (its Lease is stale, or its agent cannot be reached).
+DeploymentPhase = Literal[Phase, "Unknown"]
 OnSwapOut = Literal["host", "drop"]
 KvMode = Literal["discard", "preserve"]
 
@@ -147,7 +150,7 @@ class EffectivePolicyStatus(_Wire):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelDeploymentStatus(_Wire):
-    phase: Phase | None = None
+    phase: DeploymentPhase | None = None
     node: str | None = None
     gpu: str | None = None
     endpoint: str | None = None

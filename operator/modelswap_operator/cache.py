@@ -5,11 +5,16 @@ snapshot. An object is kept at its newest resourceVersion (a watch event older t
 listing the loop made itself is ignored). The loop acts only once the cache is complete:
 it lists each kind once at start (`complete_*`), so no model is planned against a partial
 view of the nodes, and no node's set is pushed before every model it hosts is known.
+
+A deleted SwapNode is remembered (`departed`): its node's Lease, not the object, says
+whether the node is alive, and a live node's agent creates its SwapNode again. Until it
+has written the new one's status, the last status seen stands in for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +44,8 @@ class Snapshot:
     deployments: Mapping[str, Body]  # by uid
     swapnodes: Mapping[str, Body]  # by name
     leases: Mapping[str, Body]  # by node name
+    #: SwapNodes deleted while this process watched, by name: the last body seen
+    departed: Mapping[str, Body] = dataclasses.field(default_factory=dict)
 
 
 class Cache:
@@ -46,6 +53,7 @@ class Cache:
         self._deployments: dict[str, Body] = {}
         self._swapnodes: dict[str, Body] = {}
         self._leases: dict[str, Body] = {}
+        self._departed: dict[str, Body] = {}
         self._gone: set[str] = set()  # uids seen deleted: a late listing must not revive them
         self._complete = {"deployments": False, "swapnodes": False, "leases": False}
         self.changed = asyncio.Event()
@@ -65,13 +73,35 @@ class Cache:
 
     def put_swapnode(self, body: Body) -> None:
         name = name_of(body)
-        if name and _newer(self._swapnodes.get(name), body):
+        if not name:
+            return
+        before = self._swapnodes.get(name)
+        departed = self._departed.pop(name, None)
+        if before is None and departed is not None and not _reported(body):
+            # Created again by its agent, which writes its status next: meanwhile the
+            # node is what it was (its models stay put, its agent stays reachable).
+            body = {**body, "status": departed.get("status")}
+        elif (
+            before is not None
+            and _reported(before)
+            and not _reported(body)
+            and _version(body) >= _version(before)
+        ):
+            body = {**body, "status": before.get("status")}
+        if _newer(before, body):
             self._swapnodes[name] = body
             self.changed.set()
 
     def drop_swapnode(self, name: str) -> None:
-        if self._swapnodes.pop(name, None) is not None:
+        body = self._swapnodes.pop(name, None)
+        if body is not None:
+            self._departed[name] = body
             self.changed.set()
+
+    def forget_departed(self, names: Iterable[str]) -> None:
+        """Stop remembering these deleted SwapNodes (their nodes' Leases ran out)."""
+        for name in names:
+            self._departed.pop(name, None)
 
     def complete_deployments(self, bodies: Iterable[Body]) -> None:
         for body in bodies:
@@ -98,8 +128,16 @@ class Cache:
         return all(self._complete.values())
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(dict(self._deployments), dict(self._swapnodes), dict(self._leases))
+        return Snapshot(
+            dict(self._deployments), dict(self._swapnodes), dict(self._leases),
+            dict(self._departed),
+        )  # fmt: skip
 
 
 def _newer(old: Body | None, new: Body) -> bool:
     return old is None or _version(new) >= _version(old)
+
+
+def _reported(body: Body) -> bool:
+    """The SwapNode's agent has written its status (an endpoint to reach it by)."""
+    return bool((body.get("status") or {}).get("endpoint"))

@@ -2,7 +2,8 @@
 
     modelswap operator [--kubeconfig PATH] [--namespace NS ... | --all-namespaces]
         [--operator-namespace NS] [--identity NAME] [--grace-seconds S]
-        [--defaults FILE] [--token-secret NAME] [--leader-lease NAME]
+        [--dead-node-retention-seconds S] [--defaults FILE] [--token-secret NAME]
+        [--leader-lease NAME]
         [--leader-lease-seconds S] [--leader-renew-seconds S]
         [--node-lease-namespace NS] [--credentials-opt-in [--credentials-namespace NS ...]]
         [--http-port P] [--allow-plain-http]
@@ -68,6 +69,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--operator-namespace", help="for the leader Lease and token Secret")
     parser.add_argument("--identity", help="this replica's name (the pod name)")
     parser.add_argument("--grace-seconds", type=float, help="= the agents' control.graceSeconds")
+    parser.add_argument(
+        "--dead-node-retention-seconds",
+        type=float,
+        help="delete a SwapNode this long after its node's Lease ran out (600)",
+    )
     parser.add_argument("--defaults", type=Path, help="cluster policy defaults (YAML)")
     parser.add_argument("--token-secret", help="Secret holding the agents' control token")
     parser.add_argument("--leader-lease", help="name of the leader Lease")
@@ -139,6 +145,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Opera
             values[key] = str(value)
     for option, key, kind in (
         ("grace-seconds", "grace_seconds", float),
+        ("dead-node-retention-seconds", "dead_node_retention_seconds", float),
         ("http-port", "http_port", int),
         ("leader-lease-seconds", "leader_lease_seconds", int),
         ("leader-renew-seconds", "leader_renew_seconds", float),
@@ -150,6 +157,8 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Opera
                 raise SettingsError(f"--{option}: {value!r} is not a number") from e
     if values.get("grace_seconds", base.grace_seconds) <= 0:
         raise SettingsError("--grace-seconds must be more than 0")
+    if values.get("dead_node_retention_seconds", base.dead_node_retention_seconds) < 0:
+        raise SettingsError("--dead-node-retention-seconds must not be negative")
     values["allow_plain_http"] = bool(pick("allow-plain-http") not in (None, "", "0", "false"))
     values["json_logs"] = not args.plain_logs
     values["defaults"] = _defaults(pick("defaults"))

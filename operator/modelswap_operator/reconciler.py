@@ -5,7 +5,11 @@ is the only place that decides or writes anything, so two plans never pack model
 the same free bytes. A turn:
 
 1. lists the node Leases (staleness is a matter of time, which no watch reports): a node
-   whose Lease was renewed within the grace period is live; the rest are lost;
+   whose Lease was renewed within the grace period is live; the rest are lost. The Lease
+   alone decides: a live node whose SwapNode was deleted keeps its models (its last
+   SwapNode stands in until its agent creates it again), and a lost node's SwapNode is
+   labelled so (`LEASE_LABEL`, a printer column) and deleted once its Lease has been
+   stale for `dead_node_retention_seconds`;
 2. plans every live ModelDeployment over the live SwapNodes, keeping each model where its
    status (or the previous turn) put it unless it must move (`planner.plan`, pure);
 3. builds each live node's full desired set (`desired`), checking every entry as the agent
@@ -16,7 +20,9 @@ the same free bytes. A turn:
 4. releases deleted models: once a node's accepted set no longer holds a uid, asks it to
    forget the uid (HBM and host bytes); the finalizer waits for that (`is_released`);
    a uid a node reports that no ModelDeployment has any more is released the same way;
-5. points each placed model's Service and EndpointSlice at its node's gateway;
+5. points each placed model's Service and EndpointSlice at its node's gateway, the
+   endpoint `ready` exactly when a request sent now is answered (`status.serves`, the
+   Ready rule less the routing);
 6. writes each ModelDeployment's status when it changed (one patch per object per turn),
    with an Event (a new one, or a bump of its series: `events`) for every condition that
    changed.
@@ -66,6 +72,7 @@ from modelswap_operator.status import (
     Verdict,
     build_status,
     events_between,
+    serves,
     status_changed,
 )
 from modelswap_operator.tokens import TokenSource
@@ -93,6 +100,19 @@ def live_nodes(
         if renewed is not None and now - renewed <= grace_seconds:
             live.add(name)
     return live
+
+
+#: The SwapNode label the operator keeps to its node's Lease (the `Lease` printer column).
+LEASE_LABEL = "modelswap.io/lease"
+LEASE_LIVE = "Live"
+LEASE_EXPIRED = "Expired"
+
+
+def lost_since(lease: Body | None, grace_seconds: float) -> float | None:
+    """When a node with this Lease was lost (its last renewal plus the grace period);
+    None when the Lease holds no renewal time."""
+    renewed = _parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
+    return None if renewed is None else renewed + grace_seconds
 
 
 def reported_models(swapnode: Body) -> dict[str, HostedModel]:
@@ -271,6 +291,14 @@ class Reconciler:
         #: Per uid: the inputs of the status last built and the status then in effect; the
         #: same inputs over the same status build the same status again (nothing to write).
         self._status_inputs: dict[str, tuple[Any, Mapping[str, Any] | None]] = {}
+        #: When this process first saw a SwapNode with no Lease at all (it counts as lost
+        #: from then): by node name.
+        self._unleased_since: dict[str, float] = {}
+        #: SwapNodes whose label or deletion the API server refused (logged once each).
+        self._lease_label_refused: set[str] = set()
+        #: Per SwapNode: (the resourceVersion it was labelled over, the label written):
+        #: until the watch brings the labelled object, a turn does not write it again.
+        self._lease_labels: dict[str, tuple[Any, str]] = {}
 
     # -- running -------------------------------------------------------------------------------
 
@@ -343,7 +371,9 @@ class Reconciler:
         self.cache.set_leases(leases)
         snap = self.cache.snapshot()
         now = self.clock()
+        snap = self._with_departed(snap, now)
         live = live_nodes(snap.swapnodes, snap.leases, now, self.settings.grace_seconds)
+        await self._keep_swapnodes(snap, live, now)
         reports = {name: self._reports_read(name, snap.swapnodes[name]) for name in live}
         self._reports_read.keep(snap.swapnodes)
 
@@ -366,12 +396,12 @@ class Reconciler:
             await self._learn_terms(snap, live)
         await self._push_all(snap, live, entries, now)
         await self._release_all(snap, live, reports)
-        routed = await self._route_all(snap, live, verdicts)
+        observed = self._observe_all(snap, verdicts, live, reports)
+        routed = await self._route_all(snap, verdicts, observed)
         await self._write_statuses(
             snap=snap,
             verdicts=verdicts,
-            live=live,
-            reports=reports,
+            observed=observed,
             routed=routed,
         )
         self.metrics.nodes.labels("true").set(len(live))
@@ -700,7 +730,7 @@ class Reconciler:
             log.warning("removing the route of %s failed: %s", uid, e)
 
     async def _route_all(
-        self, snap: Snapshot, live: set[str], verdicts: Mapping[str, Verdict]
+        self, snap: Snapshot, verdicts: Mapping[str, Verdict], observed: Mapping[str, Observed]
     ) -> dict[str, tuple[bool, str | None]]:
         """(routed, problem) per placed uid. Models are routed side by side (each one's
         Service, then its EndpointSlice), as many at once as there are Kubernetes threads;
@@ -710,26 +740,27 @@ class Reconciler:
         semaphore = asyncio.Semaphore(self.settings.kube_threads)
         gateways: dict[str, routing.Gateway | None] = {}
 
-        async def one(uid: str, verdict: Verdict, key: tuple[Any, ...] | None) -> None:
+        async def one(uid: str, verdict: Verdict, ready: bool, key: tuple[Any, ...] | None) -> None:
             async with semaphore:
-                await self._route(snap, live, uid, verdict, routed, key=key)
+                await self._route(snap, uid, verdict, ready, routed, key=key)
 
         due = []
         for uid, verdict in verdicts.items():
-            key = self._route_key(snap, live, uid, verdict, gateways)
+            ready = uid in observed and serves(verdict, observed[uid])
+            key = self._route_key(snap, uid, verdict, ready, gateways)
             if key is not None and self._route_keys.get(uid) == key:
                 routed[uid] = (True, None)
             else:
-                due.append(one(uid, verdict, key))
+                due.append(one(uid, verdict, ready, key))
         await asyncio.gather(*due)
         return routed
 
     def _route_key(
         self,
         snap: Snapshot,
-        live: set[str],
         uid: str,
         verdict: Verdict,
+        ready: bool,
         gateways: dict[str, routing.Gateway | None],
     ) -> tuple[Any, ...] | None:
         """Everything a placed model's Service and EndpointSlice are built from, and the
@@ -746,14 +777,14 @@ class Reconciler:
         body = snap.deployments[uid]
         metadata = body["metadata"]
         return (self.router.generation, metadata["namespace"], metadata["name"],
-                body["apiVersion"], body["kind"], gateway, node, node in live)  # fmt: skip
+                body["apiVersion"], body["kind"], gateway, node, ready)  # fmt: skip
 
     async def _route(
         self,
         snap: Snapshot,
-        live: set[str],
         uid: str,
         verdict: Verdict,
+        ready: bool,
         routed: dict[str, tuple[bool, str | None]],
         *,
         key: tuple[Any, ...] | None,
@@ -775,7 +806,7 @@ class Reconciler:
                  "name": metadata["name"], "uid": uid}  # fmt: skip
         try:
             await self.router.ensure(
-                metadata["namespace"], owner, gateway, verdict.node, ready=verdict.node in live,
+                metadata["namespace"], owner, gateway, verdict.node, ready=ready,
                 new=uid not in self._routed and not (body.get("status") or {}).get("endpoint"),
             )  # fmt: skip
         except routing.RouteError as e:
@@ -795,8 +826,7 @@ class Reconciler:
         *,
         snap: Snapshot,
         verdicts: Mapping[str, Verdict],
-        live: set[str],
-        reports: Mapping[str, Mapping[str, HostedModel]],
+        observed: Mapping[str, Observed],
         routed: Mapping[str, tuple[bool, str | None]],
     ) -> None:
         """Each changed status is written (one patch per object, then its Events), side by
@@ -809,12 +839,14 @@ class Reconciler:
             if deleting and uid in self._released:
                 continue  # the finalizer is about to go: nothing more to say
             metadata = body["metadata"]
-            namespace, name = str(metadata.get("namespace") or ""), str(metadata["name"])
             verdict = verdicts.get(uid, Verdict(reason="Deleting", message="being deleted"))
-            observed = self._observed(uid, namespace, name, verdict, live, reports, routed)
+            is_routed, route_error = routed.get(uid, (False, None))
+            seen = dataclasses.replace(
+                observed.get(uid) or Observed(), routed=is_routed, route_error=route_error
+            )
             previous = self._statuses.get(uid) or body.get("status")
             generation = int(metadata.get("generation") or 1)
-            inputs = (generation, deleting, verdict, observed)
+            inputs = (generation, deleting, verdict, seen)
             last = self._status_inputs.get(uid)
             if last is not None and last[1] is previous and last[0] == inputs:
                 continue  # built from the same inputs over the same status: unchanged
@@ -822,7 +854,7 @@ class Reconciler:
                 generation=generation,
                 deleting=deleting,
                 verdict=verdict,
-                observed=observed,
+                observed=seen,
                 previous=previous,
                 now=stamp,
             )
@@ -868,34 +900,133 @@ class Reconciler:
             for note in events_between(previous, status):
                 await self.events.post(body, note.type, note.reason, note.message)
 
-    def _observed(  # noqa: PLR0917 - one call site, every argument named there
+    def _observe_all(
         self,
-        uid: str,
-        namespace: str,
-        name: str,
-        verdict: Verdict,
+        snap: Snapshot,
+        verdicts: Mapping[str, Verdict],
         live: set[str],
         reports: Mapping[str, Mapping[str, HostedModel]],
-        routed: Mapping[str, tuple[bool, str | None]],
-    ) -> Observed:
-        node = verdict.node
-        if node is None:
-            return Observed()
-        sent = self._sent.get(node)
-        is_routed, route_error = routed.get(uid, (False, None))
+    ) -> dict[str, Observed]:
+        """What the cluster and each placed model's node say of it (its routing is added
+        once it is routed: the EndpointSlice's `ready` is decided from the rest)."""
+        found = {}
+        for uid, verdict in verdicts.items():
+            node = verdict.node
+            body = snap.deployments.get(uid)
+            if node is None or body is None:
+                continue
+            metadata = body["metadata"]
+            sent = self._sent.get(node)
+            try:
+                endpoint = routing.endpoint_name(str(metadata.get("namespace") or ""),
+                                                 str(metadata["name"]))  # fmt: skip
+            except routing.RouteError:
+                endpoint = None
+            previous = self._statuses.get(uid) or body.get("status") or {}
+            was_ready = previous.get("node") == node and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in previous.get("conditions") or ()
+            )
+            found[uid] = Observed(
+                was_ready=was_ready,
+                node_live=node in live,
+                hosted=(reports.get(node) or {}).get(uid),
+                push=sent.results.get(uid) if sent is not None and sent.ok else None,
+                agent_error=sent.error if sent is not None and not sent.ok else None,
+                endpoint=endpoint,
+            )
+        return found
+
+    # -- SwapNodes and their Leases ----------------------------------------------------------------
+
+    def _with_departed(self, snap: Snapshot, now: float) -> Snapshot:
+        """`snap` with each deleted SwapNode whose node's Lease is still fresh put back
+        (the node is alive and its agent creates it again); the others are forgotten."""
+        kept, gone = {}, []
+        for name, body in snap.departed.items():
+            if name in snap.swapnodes:
+                continue
+            lost = lost_since(snap.leases.get(name), self.settings.grace_seconds)
+            if lost is not None and now <= lost:
+                kept[name] = body
+            else:
+                gone.append(name)
+        self.cache.forget_departed(gone)
+        if not kept:
+            return snap
+        return dataclasses.replace(snap, swapnodes={**snap.swapnodes, **kept})
+
+    async def _keep_swapnodes(self, snap: Snapshot, live: set[str], now: float) -> None:
+        """Label each SwapNode with its Lease's state; delete those lost for longer than
+        `dead_node_retention_seconds` (only the version seen lost: one its agent wrote
+        meanwhile stays)."""
+        retention = self.settings.dead_node_retention_seconds
+        for name in [n for n in self._unleased_since if n not in snap.swapnodes]:
+            del self._unleased_since[name]
+        for name in [n for n in self._lease_labels if n not in snap.swapnodes]:
+            del self._lease_labels[name]
+        for name, body in sorted(snap.swapnodes.items()):
+            if name in snap.departed:
+                continue  # deleted already; its agent creates it again
+            metadata = body.get("metadata") or {}
+            if name in live:
+                self._unleased_since.pop(name, None)
+                want = LEASE_LIVE
+            else:
+                lease = snap.leases.get(name)
+                since = lost_since(lease, self.settings.grace_seconds)
+                if since is None:
+                    since = self._unleased_since.setdefault(name, now)
+                if now - since >= retention:
+                    await self._delete_swapnode(name, metadata, now - since)
+                    continue
+                want = LEASE_EXPIRED
+            version = metadata.get("resourceVersion")
+            labelled = (metadata.get("labels") or {}).get(LEASE_LABEL) == want
+            if (
+                not labelled
+                and self._lease_labels.get(name) != (version, want)
+                and await self._label_swapnode(name, want)
+            ):
+                self._lease_labels[name] = (version, want)
+
+    async def _label_swapnode(self, name: str, value: str) -> bool:
+        """Whether the label was written."""
         try:
-            endpoint = routing.endpoint_name(namespace, name)
-        except routing.RouteError:
-            endpoint = None
-        return Observed(
-            node_live=node in live,
-            hosted=(reports.get(node) or {}).get(uid),
-            push=sent.results.get(uid) if sent is not None and sent.ok else None,
-            agent_error=sent.error if sent is not None and not sent.ok else None,
-            routed=is_routed,
-            route_error=route_error,
-            endpoint=endpoint,
-        )
+            await self.io.call(
+                kube.patch_swapnode, name, {"metadata": {"labels": {LEASE_LABEL: value}}}
+            )
+        except kube.NotFound:
+            return False
+        except kube.KubeError as e:
+            if name not in self._lease_label_refused:
+                self._lease_label_refused.add(name)
+                log.warning("SwapNode %s: cannot label it %s=%s: %s", name, LEASE_LABEL, value, e)
+            return False
+        self._lease_label_refused.discard(name)
+        if value == LEASE_EXPIRED:
+            log.info("SwapNode %s: its node's Lease is stale (deleted after %g s more)",
+                     name, self.settings.dead_node_retention_seconds)  # fmt: skip
+        return True
+
+    async def _delete_swapnode(
+        self, name: str, metadata: Mapping[str, Any], lost_seconds: float
+    ) -> None:
+        try:
+            deleted = await self.io.call(
+                kube.delete_swapnode, name, resource_version=metadata.get("resourceVersion")
+            )
+        except kube.Conflict:
+            return  # written meanwhile (its agent is back?): judged again next turn
+        except kube.KubeError as e:
+            if name not in self._lease_label_refused:
+                self._lease_label_refused.add(name)
+                log.warning("SwapNode %s: cannot delete it: %s", name, e)
+            return
+        self._unleased_since.pop(name, None)
+        if deleted:
+            log.info("deleted SwapNode %s: its node's Lease has been stale for %.0f s",
+                     name, lost_seconds)  # fmt: skip
 
 
 def _with_problem(verdict: Verdict, reason: str, field_path: str, message: str) -> Verdict:

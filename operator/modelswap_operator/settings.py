@@ -47,6 +47,9 @@ class OperatorSettings:
     node_lease_namespace: str = DEFAULT_NODE_LEASE_NAMESPACE
     #: A node whose Lease is older than this is lost; equals the agents' graceSeconds.
     grace_seconds: float = 90.0
+    #: A SwapNode whose node's Lease has been stale this long (counted from when the node
+    #: was lost: renewed + grace) is deleted; an agent that comes back creates it again.
+    dead_node_retention_seconds: float = 600.0
     token_secret: str = DEFAULT_TOKEN_SECRET
     #: Cluster policy defaults (complete; `modelswap_api.defaults.check_defaults`).
     defaults: Mapping[str, Any] = field(default_factory=lambda: copy.deepcopy(BUILTIN_DEFAULTS))

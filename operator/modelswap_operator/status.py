@@ -10,8 +10,14 @@ Conditions (a user acts on their reasons):
 - `PolicyValid`: the spec and its merge over the cluster defaults hold, and the runtime can
   honour the policy (`UnsupportedRuntime` from the agent);
 - `Placed`: a node and GPU were chosen (False: the reason names the field at fault);
-- `Loaded`: the node holds the model (resident or swapped out: either way it serves);
-- `Ready`: loaded on a live node and routed: a request through its Service is answered.
+- `Loaded`: the node holds the model's bytes (resident or swapped out);
+- `Ready`: a request sent now through its Service is answered (after a swap-in, or a
+  reload from its source for a dropped model, if needed): its node is live and its agent
+  answers, the node holds it or reloads it on demand (`SERVING_PHASES`; a model that was
+  Ready stays so while it loads again), and it is routed. `serves` is that rule less the
+  routing: the EndpointSlice's `ready` is it, so the slice and the condition agree.
+The phase is the node's phase for the model, or `Unknown` while its node cannot vouch for
+it (its Lease is stale or its agent unreachable): a stale report is never shown as news.
 A condition keeps its `lastTransitionTime` while its status stays the same.
 """
 
@@ -30,6 +36,11 @@ LOADED_PHASES = frozenset({"Resident", "SwappedOut", "SwappingIn", "SwappingOut"
 #: Phases in which the node still answers for the model (loaded, or dropped and reloaded
 #: on the next request from its cached source).
 HELD_PHASES = LOADED_PHASES | {"Dropped"}
+#: Phases in which a request sent now is answered: `HELD_PHASES` (a dropped model is
+#: loaded again from its source by the request that needs it).
+SERVING_PHASES = HELD_PHASES
+#: The phase while the model's node cannot vouch for it (Lease stale, agent unreachable).
+UNKNOWN_PHASE = "Unknown"
 #: The reason Loaded gives when the source's credentials cannot be resolved.
 CREDENTIALS_UNAVAILABLE = "CredentialsUnavailable"
 #: The reason Loaded gives when the operator may not read the model's credentials Secret:
@@ -49,6 +60,7 @@ PROGRESS_REASONS = frozenset(
         "NotPlaced",
         "Deleting",
         "Pending",
+        "Dropped",
     }
 )
 CONDITION_TYPES = ("PolicyValid", "Placed", "Loaded", "Ready")
@@ -88,6 +100,10 @@ class Observed:
     routed: bool = False
     route_error: str | None = None
     endpoint: str | None = None
+    #: The status in effect said Ready=True on this same node: a model loading again (the
+    #: request that found it dropped, or a restarted Triton) stays Ready, the request
+    #: waiting for the load; a first load is not Ready until it is loaded.
+    was_ready: bool = False
 
 
 def build_status(
@@ -107,8 +123,8 @@ def build_status(
         _placed(verdict, previous),
         _loaded(verdict, observed),
     ]
-    conditions.append(_ready(conditions[-1], observed, placed))
-    phase = _phase(deleting, placed, hosted)
+    conditions.append(_ready(verdict, observed))
+    phase = _phase(deleting, placed, observed)
     status = ModelDeploymentStatus(
         phase=phase,  # type: ignore[arg-type]
         node=verdict.node,
@@ -127,9 +143,12 @@ def build_status(
     return status.to_dict()
 
 
-def _phase(deleting: bool, placed: bool, hosted: HostedModel | None) -> str:
+def _phase(deleting: bool, placed: bool, observed: Observed) -> str:
+    hosted = observed.hosted
     if deleting:
         return "Deleting"
+    if placed and not _vouched(observed):
+        return UNKNOWN_PHASE
     if hosted is not None and hosted.state:
         return hosted.state
     return "Placed" if placed else "Pending"
@@ -197,6 +216,10 @@ def _loaded(verdict: Verdict, observed: Observed) -> Condition:
     if push is not None and push.outcome == "deferred":
         return Condition(type="Loaded", status="False", reason=push.reason,
                          message=push.message or "the node cannot load it yet")  # fmt: skip
+    if hosted is not None and hosted.state == "Dropped":
+        return Condition(type="Loaded", status="False", reason="Dropped",
+                         message=f"node {verdict.node} dropped its bytes; the next request "
+                                 "loads it again from its source")  # fmt: skip
     if hosted is not None:
         return Condition(type="Loaded", status="False", reason="Loading",
                          message=f"node {verdict.node}: {hosted.state}")  # fmt: skip
@@ -204,13 +227,41 @@ def _loaded(verdict: Verdict, observed: Observed) -> Condition:
                      message=f"node {verdict.node} does not report the model yet")  # fmt: skip
 
 
-def _ready(loaded: Condition, observed: Observed, placed: bool) -> Condition:
-    if placed and not observed.node_live:
-        return Condition(type="Ready", status="False", reason="NodeLost",
-                         message="the node's Lease is stale")  # fmt: skip
-    if loaded.status != "True":
-        return Condition(type="Ready", status="False", reason="NotLoaded",
-                         message=loaded.message)  # fmt: skip
+def _vouched(observed: Observed) -> bool:
+    """The node can vouch for what it reports: its Lease is fresh and its agent answers."""
+    return observed.node_live and observed.agent_error is None
+
+
+def serves(verdict: Verdict, observed: Observed) -> bool:
+    """A request sent now to the model's node is answered (after a swap-in or a reload
+    if needed): the Ready rule less the routing, and the EndpointSlice's `ready`."""
+    return _ready_problem(verdict, observed, _loaded(verdict, observed)) is None
+
+
+def _ready_problem(
+    verdict: Verdict, observed: Observed, loaded: Condition
+) -> tuple[str, str] | None:
+    """(reason, message) of why a request sent now would not be answered; None: it would."""
+    if verdict.node is None:
+        return "NotLoaded", loaded.message or "the model has no node"
+    if not observed.node_live:
+        return "NodeLost", "the node's Lease is stale"
+    if observed.agent_error is not None:
+        return "AgentUnavailable", observed.agent_error
+    hosted = observed.hosted
+    if loaded.status == "True":
+        return None
+    if loaded.reason == "Dropped" and hosted is not None and hosted.state in SERVING_PHASES:
+        return None  # the request that needs it loads it again
+    if loaded.reason == "Loading" and observed.was_ready:
+        return None  # loading again: the request waits for it
+    return "NotLoaded", loaded.message or ""
+
+
+def _ready(verdict: Verdict, observed: Observed) -> Condition:
+    problem = _ready_problem(verdict, observed, _loaded(verdict, observed))
+    if problem is not None:
+        return Condition(type="Ready", status="False", reason=problem[0], message=problem[1])
     if not observed.routed:
         message = observed.route_error or "its Service is not in place yet"
         return Condition(type="Ready", status="False", reason="NotRouted", message=message)

@@ -7,8 +7,9 @@ user may run `modelswap uninstall` by hand first), in order:
 
 1. stop the operator: its Deployment scaled to 0, then wait until the leader Lease has no
    live holder (a running operator would put the finalizers back);
-2. each ModelDeployment: `Ready=False` (`OperatorUninstalled`), then modelswap's
-   finalizer removed, so a later delete completes at once;
+2. each ModelDeployment: `Ready=False` (`OperatorUninstalled`) and phase `Unknown` (no
+   operator vouches for it any more, as for a lost node: docs/OPERATOR.md, "Status"),
+   then modelswap's finalizer removed, so a later delete completes at once;
 3. its Service and EndpointSlice deleted, when they are ours (labelled as the operator
    labels them): a Service of that name someone else made is left alone.
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 UNINSTALLED_REASON = "OperatorUninstalled"
 UNINSTALLED_MESSAGE = "modelswap was uninstalled: nothing serves this model"
+#: The phase beside Ready=False: what the nodes hold is no longer watched.
+UNINSTALLED_PHASE = "Unknown"
 
 
 class UninstallError(Exception):
@@ -191,8 +194,8 @@ class Uninstaller:
         return [m for ns in namespaces for m in kube.list_model_deployments(self.api, ns)]
 
     def release(self, model: Mapping[str, Any]) -> tuple[int, int]:
-        """Ready=False, our finalizer removed, our routes deleted: (finalizers removed,
-        routes deleted). A model deleted meanwhile is skipped."""
+        """Ready=False (phase Unknown), our finalizer removed, our routes deleted:
+        (finalizers removed, routes deleted). A model deleted meanwhile is skipped."""
         metadata = model.get("metadata") or {}
         namespace, name = str(metadata["namespace"]), str(metadata["name"])
         now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -202,7 +205,12 @@ class Uninstaller:
                 self.api,
                 namespace,
                 name,
-                {"status": {"conditions": uninstalled_conditions(model, now)}},
+                {
+                    "status": {
+                        "phase": UNINSTALLED_PHASE,
+                        "conditions": uninstalled_conditions(model, now),
+                    }
+                },
             )
             remaining = finalizers_without_ours(model)
             if remaining is not None:

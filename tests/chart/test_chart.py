@@ -402,9 +402,10 @@ def test_rbac_is_what_the_code_calls(rendered: list[dict[str, Any]]) -> None:
     assert lease_role["metadata"]["namespace"] == "modelswap-node-leases"
     operator = rules("ClusterRole", "ms-modelswap-operator-models")
     assert not {r for r in operator if r[1] == "secrets" and r[2] != "get"}  # no list/watch
-    assert not {
+    # Cluster-wide: reads, but for SwapNodes' lease label and a dead node's SwapNode.
+    assert {
         r for r in rules("ClusterRole", "ms-modelswap-operator") if r[2] not in ("list", "watch")
-    }
+    } == {("modelswap.io", "swapnodes", "patch"), ("modelswap.io", "swapnodes", "delete")}
 
 
 def test_admission_policy_compares_the_name_with_the_token_node(

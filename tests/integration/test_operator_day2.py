@@ -55,7 +55,7 @@ def doc_command(prefix: str) -> list[str]:
 
 def classify_on(name: str, node: str) -> dict[str, Any]:
     """The classify example under `name`, kept on `node` and never swapped out for idleness
-    (a dropped model reads Ready=False, which would blur what these tests watch)."""
+    (a reload after a drop would blur what these tests watch)."""
     body = load_yaml(EXAMPLES / "classify-drop-on-idle.yaml")
     body["metadata"]["name"] = name
     body["spec"]["placement"]["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -286,7 +286,7 @@ async def test_every_ready_transition_posts_or_bumps_an_event(tmp_path: Path) ->
                         f"Ready=True counted {round_number + 1} times",
                     )
                     events = ready_events(objects, "classify")
-                    assert counts(events)["NotLoaded"] == round_number, events
+                    assert counts(events)["AgentUnavailable"] == round_number, events
                     # One series per transition: the recovery bumped the first Event.
                     (serving,) = [e for e in events if e.reason == "Serving"]
                     assert serving.count == round_number + 1

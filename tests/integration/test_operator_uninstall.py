@@ -127,6 +127,7 @@ def test_uninstall_releases_models_deletes_only_our_routes_and_runs_again(
         assert ours["metadata"]["finalizers"] == ["other.io/keep"]
         conditions = {c["type"]: c for c in ours["status"]["conditions"]}
         assert conditions["Ready"]["reason"] == "OperatorUninstalled"
+        assert ours["status"]["phase"] == "Unknown"  # not a phase the Ready=False denies
         assert kube.read_service(admin, "default", "ours") is None
         assert kube.read_endpoint_slice(admin, "default", "ours-modelswap") is None
         assert kube.read_service(admin, "default", "plain") is not None  # not ours: kept

@@ -104,8 +104,13 @@ def emulator(
 
 
 def agent_config(
-    api: EmulatorThread, node_name: str, *, status_interval_seconds: float = 1.0
+    api: EmulatorThread,
+    node_name: str,
+    *,
+    status_interval_seconds: float = 1.0,
+    kube_settings: dict[str, Any] | None = None,
 ) -> AgentConfig:
+    """`kube_settings`: more of the agent's `kube` section (e.g. `nodeRefreshSeconds`)."""
     return AgentConfig(
         local_mode=False,
         grace_seconds=GRACE_SECONDS,
@@ -126,6 +131,7 @@ def agent_config(
                 "renewIntervalSeconds": 0.3,
                 "statusIntervalSeconds": status_interval_seconds,
                 "minStatusWriteIntervalSeconds": 0,
+                **(kube_settings or {}),
             },
         },
     )
@@ -138,6 +144,7 @@ async def agents(
     names: tuple[str, ...] = NODES,
     *,
     status_interval_seconds: float = 1.0,
+    kube_settings: dict[str, Any] | None = None,
 ) -> AsyncIterator[dict[str, Node]]:
     async with contextlib.AsyncExitStack() as stack:
         started = {}
@@ -147,7 +154,12 @@ async def agents(
             started[name] = await stack.enter_async_context(
                 node(
                     workdir,
-                    agent_config(api, name, status_interval_seconds=status_interval_seconds),
+                    agent_config(
+                        api,
+                        name,
+                        status_interval_seconds=status_interval_seconds,
+                        kube_settings=kube_settings,
+                    ),
                 )
             )
         kube_api = kube.api_client(str(api.kubeconfig_path))

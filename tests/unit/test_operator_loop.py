@@ -38,7 +38,9 @@ def swapnode(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "modelswap.io/v1alpha1",
         "kind": "SwapNode",
-        "metadata": {"name": name, "resourceVersion": "1"},
+        # labelled as the operator keeps a live node's SwapNode: a turn writes nothing to it
+        "metadata": {"name": name, "resourceVersion": "1",
+                     "labels": {"modelswap.io/lease": "Live"}},
         "status": {"endpoint": f"https://{name}:9443", "certificate": "unused by the fakes",
                    "gatewayEndpoint": f"http://10.0.0.{len(name)}:8080", "gpus": gpus,
                    "nodeLabels": {}},
@@ -67,6 +69,7 @@ class FakeKube:
                         "spec": {"renewTime": now}} for s in self.swapnodes]  # fmt: skip
         self.status_writes: Counter[str] = Counter()
         self.statuses: dict[str, dict[str, Any]] = {}
+        self.swapnode_writes: list[tuple[str, str]] = []
         self.token = {"data": {TOKEN_KEY: base64.b64encode(b"t").decode()}}
 
     async def call(self, helper: Callable[..., Any], *args: Any, **_: Any) -> Any:
@@ -87,6 +90,9 @@ class FakeKube:
             _namespace, object_name, patch = args
             self.status_writes[object_name] += 1
             self.statuses[object_name] = patch["status"]
+            return {}
+        if name in ("patch_swapnode", "delete_swapnode"):  # a lost node's label, its removal
+            self.swapnode_writes.append((name, args[0]))
             return {}
         raise AssertionError(f"unexpected call {name}")
 

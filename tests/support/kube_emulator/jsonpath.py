@@ -1,4 +1,5 @@
-"""The JSONPath subset printer columns use: `.a.b`, `['a.b']`, `[0]`, `[*]`, `[?(@.x=="y")]`."""
+"""The JSONPath subset printer columns use: `.a.b`, `.a.b\\.c/d` (an escaped dot, as in a
+label's key), `['a.b']`, `[0]`, `[*]`, `[?(@.x=="y")]`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from typing import Any
 
 _TOKEN = re.compile(
-    r"""\.(?P<field>[A-Za-z0-9_$-]+)
+    r"""\.(?P<field>(?:[A-Za-z0-9_$/-]|\\\.)+)
       | \[\s*(?P<quote>['"])(?P<key>.*?)(?P=quote)\s*\]
       | \[\s*(?P<index>-?\d+)\s*\]
       | \[\s*\*\s*\]
@@ -46,7 +47,9 @@ def find(obj: Any, path: str) -> list[Any]:
         nxt: list[Any] = []
         for value in current:
             if step["field"] is not None or step["key"] is not None:
-                name = step["field"] if step["field"] is not None else step["key"]
+                name = (
+                    step["field"].replace("\\.", ".") if step["field"] is not None else step["key"]
+                )
                 if isinstance(value, dict) and name in value:
                     nxt.append(value[name])
             elif step["index"] is not None:
