@@ -162,7 +162,8 @@ async def send_gateway(
 
 
 async def send_raw(base: str, sent: HostileInput, tally: Tally) -> None:
-    """The raw bytes, then a half-close, then whatever comes back until the server closes."""
+    """The raw bytes (then a half-close, where asked), then whatever comes back until the
+    server closes (each raw request says `Connection: close`)."""
     assert sent.raw is not None
     started = time.monotonic()
     url = URL(base)
@@ -171,7 +172,8 @@ async def send_raw(base: str, sent: HostileInput, tally: Tally) -> None:
     try:
         writer.write(sent.raw)
         await writer.drain()
-        writer.write_eof()
+        if sent.half_close:
+            writer.write_eof()
         answer = await asyncio.wait_for(reader.read(), ANSWER_SECONDS)
         if answer.startswith(b"HTTP/1."):
             status = int(answer[9:12])

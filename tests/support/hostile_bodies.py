@@ -56,6 +56,9 @@ class HostileInput:
     body: bytes = b""
     #: When set, these exact bytes go over a raw socket (the other fields describe them).
     raw: bytes | None = None
+    #: The sender half-closes after `raw`: a server waiting for more (a body shorter than
+    #: its length) then sees its end instead of waiting for its read timeout.
+    half_close: bool = False
 
 
 def _not_failing(text: str) -> str:
@@ -451,8 +454,10 @@ GZIP_BOMB = _gzip_bomb()
 
 
 def raw_http(rng: random.Random) -> HostileInput:
-    """Bytes no HTTP client library would send; the sender half-closes after them, so a
-    body shorter than its `Content-Length` ends instead of waiting."""
+    """Bytes no HTTP client library would send. Where they leave the server waiting for
+    more (a body shorter than its length, a chunk cut off, no request line yet), the sender
+    half-closes after them; otherwise it waits for the answer (aiohttp's server takes a
+    half-close for the client gone, and answers nothing)."""
     body = json.dumps(_legal_infer(rng)).encode()
     target = "/v2/models/batched/infer"
     choice = rng.randrange(10)
@@ -487,7 +492,7 @@ def raw_http(rng: random.Random) -> HostileInput:
     else:  # a body cut off mid-chunk
         raw = _request(target, {"Transfer-Encoding": "chunked"},
                        f"{len(body):x}\r\n".encode() + body[: len(body) // 2])  # fmt: skip
-    return HostileInput("raw HTTP/1.1", "POST", target, raw=raw)
+    return HostileInput("raw HTTP/1.1", "POST", target, raw=raw, half_close=choice in (0, 1, 5, 9))
 
 
 def _request(target: str, headers: dict[str, str], body: bytes, extra: bytes = b"") -> bytes:
