@@ -483,6 +483,57 @@ def test_a_parameter_out_of_range_is_one_error_response_naming_it(
     assert served.att.entered == 0  # refused before anything would swap the model in
 
 
+def test_logprobs_and_token_counts_equal_transformers(
+    served: InProcess, reference: Reference
+) -> None:
+    """With the `logprobs` parameter each response carries its tokens' text and
+    log-probabilities (log-softmax of the logits) and the most likely alternatives; every
+    response carries the prompt's token count (the gateway's OpenAI `usage`)."""
+    import torch
+
+    text, k = PROMPTS[2], 3
+    sender = _Sender(served.att)
+    with torch_threads(1):
+        served.model.execute([_Request(sender, text, {"max_tokens": MAX_TOKENS, "logprobs": k})])
+        answer = sender.answer()
+    wait_for(lambda: not served.model.threads, 30, "the request thread to end")
+    outputs = [response.outputs for response, _, _ in sender.sent if response is not None]
+    prompt = reference.ids(text)
+    assert {int(o["prompt_tokens"].reshape(-1)[0]) for o in outputs} == {len(prompt)}
+    got = {
+        name: [v for o in outputs for v in o[name].reshape(-1).tolist()]
+        for name in ("tokens", "logprobs", "top_tokens", "top_logprobs")
+    }
+    expected = reference.tokens(text)
+    assert answer.tokens == expected
+
+    def shown(token: int) -> str:  # a byte as UTF-8 when whole, else OpenAI's spelling
+        if token >= 256:
+            return str(reference.tokenizer.convert_ids_to_tokens(token))
+        return chr(token) if token < 0x80 else f"bytes:\\x{token:02x}"
+
+    with torch_threads(1), torch.inference_mode():
+        logits = reference.model(torch.tensor([prompt + expected])).logits[0].float()
+    scores = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    assert [t.decode() for t in got["tokens"]] == [shown(t) for t in expected]
+    want = [float(scores[i, t]) for i, t in enumerate(expected)]
+    assert np.allclose(got["logprobs"], want, atol=1e-4)
+    best = torch.topk(scores, k)
+    assert [t.decode() for t in got["top_tokens"]] == [
+        shown(t) for row in best.indices.tolist() for t in row
+    ]
+    assert np.allclose(got["top_logprobs"], best.values.reshape(-1).tolist(), atol=1e-4)
+    # Without the parameter: no log-probabilities, the counts still.
+    sender = _Sender(served.att)
+    with torch_threads(1):
+        served.model.execute([_Request(sender, text, {"max_tokens": 2})])
+        assert sender.answer().tokens == expected[:2]
+    wait_for(lambda: not served.model.threads, 30, "the request thread to end")
+    for response, _, _ in sender.sent:
+        assert response is not None and "logprobs" not in response.outputs
+        assert int(response.outputs["prompt_tokens"].reshape(-1)[0]) == len(prompt)
+
+
 def test_a_request_its_client_cancels_stops_generating(
     served: InProcess, reference: Reference
 ) -> None:
