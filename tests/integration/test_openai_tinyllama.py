@@ -223,8 +223,8 @@ def usage_of(generated: Generated, completion_tokens: int | None = None) -> dict
 def refused(node: LocalNode, route: str, body: dict[str, Any], field: str) -> None:
     r = node.post(route, {"model": "tinyllama", **body})
     assert r.status_code == 400, r.text
-    message = r.json()["error"]["message"]
-    assert message.startswith(field), message
+    error = r.json()["error"]
+    assert error["message"].startswith(f"{field}:") and error["param"] == field, error
 
 
 @pytest.mark.slow

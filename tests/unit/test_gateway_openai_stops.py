@@ -279,3 +279,18 @@ def test_what_a_model_can_honour_comes_from_its_configuration() -> None:
         check_support(chat, config(["tokens", "logprobs"]), "toy")
     with pytest.raises(BadRequestError, match=r"^temperature"):
         check_support(request(temperature=1), None, "toy")  # no configuration: nothing
+
+
+def test_a_refusal_names_its_field_in_param_as_openai_does() -> None:
+    from modelswap_sidecar.gateway.openai import error_body
+
+    for message, param in [
+        ("logprobs: model 'toy' cannot give it", "logprobs"),
+        ("stop[1]: must not be empty", "stop[1]"),
+        ("stream_options.include_usage: model 'x' cannot give it", "stream_options.include_usage"),
+        ("messages[0].content: only text parts are supported", "messages[0].content"),
+        ("the body must be a JSON object", None),
+        ("model 'x' names namespace 'a' but the path names 'b'", None),
+    ]:
+        assert error_body(message, 400, "BadRequest")["error"]["param"] == param, message
+    assert error_body("logprobs: x", 503, "QueueTimeout")["error"]["param"] is None

@@ -606,9 +606,16 @@ class Completion:
         return envelope
 
 
+#: A 400's message names the request field it refuses first: `stop[1]: must not be empty`.
+_FIELD = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])*(?:\.\w+(?:\[\d+\])*)*): ")
+
+
 def error_body(message: str, status: int, code: str) -> dict[str, Any]:
+    """OpenAI's error object; `param` is the field a 400 names (the SDK's `e.param`)."""
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    named = _FIELD.match(message) if status == 400 else None
+    param = named.group(1) if named else None
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def model_list(entries: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
