@@ -372,6 +372,12 @@ def check_status_command(kubectl: Kubectl, objects: Objects, command: Command, n
         shown = json.loads(out)
         assert shown == (objects.get(name) or {})["status"]["effectivePolicy"]
         assert shown["priority"] == load_yaml(MODEL)["spec"]["swapPolicy"]["priority"]
+    elif argv[1:3] == ("get", "swapnodes") and "-o" not in argv:
+        # "LEASE: Live, or Expired": both nodes' Leases are renewed
+        header, *rows = out.splitlines()
+        column = header.split().index("LEASE")
+        assert {row.split()[0]: row.split()[column] for row in rows} == {
+            "node-a": "Live", "node-b": "Live"}, out  # fmt: skip
     elif argv[1:3] == ("get", "swapnodes"):
         items = yaml.safe_load(out)["items"]
         assert {i["metadata"]["name"] for i in items} == {"node-a", "node-b"}
