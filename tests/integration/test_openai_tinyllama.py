@@ -3,8 +3,8 @@ example: `stop`, `echo`, `logprobs`/`top_logprobs`, `finish_reason` and `usage`,
 completions and chat, streamed and not, each compared with a reference computed here by
 plain transformers on the same weights (greedy `generate` with its logits).
 
-The official `openai` SDK is not installed in this project's test environment (and may not
-be installed here), so the requests are the SDK's own wire format over raw HTTP (httpx).
+Each parameter is checked on the wire (httpx, so every field of the answer is seen), then
+once more through the official `openai` SDK, as users call it (`sdk_reads_the_same`).
 """
 
 from __future__ import annotations
@@ -294,6 +294,8 @@ def test_openai_parameters_match_the_transformers_reference() -> None:
             assert (got.text, got.finish_reason) == (chat_before, "stop")
             assert got.usage == usage_of(chat, chat_n)
 
+        sdk_reads_the_same(node, reference, greedy, expected, stop, before_stop, chat)
+
         # What the model cannot do is refused, naming the field, never ignored.
         refused(node, "/v1/completions", {"prompt": "x", "logprobs": 3, "echo": True}, "echo")
         refused(node, "/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs")
@@ -307,3 +309,71 @@ def test_openai_parameters_match_the_transformers_reference() -> None:
         refused(node, "/v1/chat/completions",
                 {"messages": CHAT, "response_format": {"type": "json_object"}},
                 "response_format")  # fmt: skip
+
+
+def sdk_reads_the_same(  # noqa: PLR0917 (the reference's answers, in one call)
+    node: LocalNode,
+    reference: Reference,
+    greedy: Generated,
+    expected: str,
+    stop: str,
+    before_stop: str,
+    chat: Generated,
+) -> None:
+    """The official client: completions and chat, streamed and not, with stop, echo,
+    logprobs and usage, read into its own types; a refusal raised as its BadRequestError
+    naming the parameter."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{node.gateway}/v1", api_key="unused", max_retries=0)
+    try:
+        done = client.completions.create(model="tinyllama", prompt=PROMPT,
+                                         max_tokens=MAX_TOKENS, logprobs=TOP)  # fmt: skip
+        choice = done.choices[0]
+        assert (choice.text, choice.finish_reason) == (expected, "length")
+        assert done.usage is not None and done.usage.model_dump(exclude_none=True) == usage_of(
+            greedy
+        )
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert all(close(a, b) for a, b in zip(choice.logprobs.token_logprobs,
+                                                greedy.logprobs, strict=True))  # fmt: skip
+        echoed = client.completions.create(model="tinyllama", prompt=PROMPT,
+                                           max_tokens=MAX_TOKENS, echo=True)  # fmt: skip
+        assert echoed.choices[0].text == PROMPT + expected
+        pieces, reasons, usage = [], [], None
+        for chunk in client.completions.create(
+            model="tinyllama", prompt=PROMPT, max_tokens=MAX_TOKENS, stop=[stop],
+            stream=True, stream_options={"include_usage": True},
+        ):  # fmt: skip
+            pieces += [c.text for c in chunk.choices]
+            reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+            usage = chunk.usage or usage
+        assert ("".join(pieces), reasons) == (before_stop, ["stop"])
+        assert (
+            usage is not None and usage.completion_tokens == reference.until_stop(greedy, stop)[1]
+        )
+
+        answer = client.chat.completions.create(
+            model="tinyllama", messages=CHAT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+            logprobs=True, top_logprobs=TOP,
+        )  # fmt: skip
+        message = answer.choices[0]
+        assert message.message.content == reference.text(chat.tokens)
+        assert message.logprobs is not None and message.logprobs.content is not None
+        assert [t.token for t in message.logprobs.content] == [
+            reference.token_text(t) for t in chat.tokens
+        ]
+        assert answer.usage is not None and answer.usage.model_dump()["total_tokens"] == (
+            chat.prompt_tokens + len(chat.tokens)
+        )
+        stream = client.chat.completions.create(
+            model="tinyllama", messages=CHAT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+            stream=True,
+        )  # fmt: skip
+        deltas = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(deltas) == reference.text(chat.tokens)
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model="tinyllama", prompt="x", suffix="y")
+        assert raised.value.param == "suffix"
+    finally:
+        client.close()
