@@ -241,7 +241,8 @@ def node_refusals(cluster: Cluster, node: NodePod) -> None:
         code, message = refused(lambda: core.read_namespaced_secret(SOURCE_SECRET, "default"))
         assert (code, by_policy(message)) == (403, False), message  # RBAC's refusal
     assert (cluster.swapnode(OTHER_NODE) or {}).get("status") is None
-    assert not (cluster.swapnode(OTHER_NODE) or {})["metadata"].get("labels")
+    labels = (cluster.swapnode(OTHER_NODE) or {})["metadata"].get("labels") or {}
+    assert "hijacked" not in labels, labels
 
 
 #: The deliberate refusals above, as the request log shows them.
@@ -401,6 +402,11 @@ async def test_helm_install_runs_the_scenario_with_exactly_the_rendered_rights(
                     await control.close()
                 await dashboard_metrics_are_scraped(ports)
                 node_refusals(cluster, node)
+                # The other node never renews its Lease: the operator deletes its SwapNode
+                # after the release's deadNodeRetentionSeconds (3 s here).
+                await until(lambda: cluster.swapnode(OTHER_NODE) is None,
+                            "the dead node's SwapNode deleted by the operator", 30)  # fmt: skip
+                assert cluster.swapnode(NODE) is not None  # the live one stays
         records = api.request_log()
         cluster.client.close()
 

@@ -95,7 +95,7 @@ def chart_values(ports: Ports, *, grace_seconds: int = 10) -> dict[str, Any]:
             "gateway": {"maxQueued": 100, "queueTimeout": "60s"},
         },
         "operator": {"replicas": 1, "leaderLeaseSeconds": 4, "leaderRenewSeconds": 1,
-                     "httpPort": ports.operator_http},
+                     "httpPort": ports.operator_http, "deadNodeRetentionSeconds": 3},
         "node": {
             "backend": "sim",
             "hbmReservePerGpu": "0",
