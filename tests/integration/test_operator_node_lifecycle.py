@@ -38,7 +38,7 @@ from tests.support.waiting import until
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 #: A disagreement seen unchanged for this long is the operator's, not a read that fell
 #: between its EndpointSlice write and its status write (one turn, milliseconds apart).
-SETTLED_SECONDS = 0.6
+SETTLED_SECONDS = 1.0
 #: A merge patch of nodeSelector that lets a model go to any node (the hostname key removed)
 ANYWHERE = {"kubernetes.io/hostname": None, "pool": "sim"}
 
