@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
+from aiohttp.log import server_logger
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 
@@ -59,6 +60,7 @@ from modelswap_sidecar.gateway.errors import (
 )
 from modelswap_sidecar.gateway.exchange import Exchange
 from modelswap_sidecar.gateway.metrics import ConnectionCollector, GatewayMetrics
+from modelswap_sidecar.gateway.parse_errors import ParseErrorLog
 from modelswap_sidecar.gateway.paths import PathTable
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings
@@ -282,6 +284,8 @@ async def start(app: GatewayApp) -> GatewayRunner:
         auto_decompress=False,
         keepalive_timeout=settings.idle_timeout_seconds,
         access_log=None,  # none per request (the agent's logging never wanted it)
+        # a request aiohttp cannot parse: one line now and then, not a traceback each
+        logger=ParseErrorLog(server_logger),
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=LISTEN_BACKLOG)
