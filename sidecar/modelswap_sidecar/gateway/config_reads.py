@@ -4,8 +4,11 @@ from Triton, admitting the request (a swap-in) when Triton does not hold the mod
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from modelswap_sidecar.gateway.context import Gateway
+from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import TritonRefusedError
 from modelswap_sidecar.gateway.exchange import Exchange
 from modelswap_sidecar.gateway.rewrite import rename_json, triton_message
@@ -20,7 +23,15 @@ async def model_config(exchange: Exchange) -> Any:
     """The model's configuration (parsed JSON; None when Triton's answer is not JSON):
     remembered, else read from Triton, admitting the request (a swap-in) when Triton does
     not hold the model. TritonRefusedError when Triton will not give it."""
-    gw, route = exchange.gw, exchange.route
+    return await read_model_config(exchange.gw, exchange.route, exchange.admit)
+
+
+async def read_model_config(
+    gw: Gateway, route: ModelRoute, admit: Callable[[], Awaitable[None]]
+) -> Any:
+    """`model_config` for any front: `admit` swaps the request's model in (the gRPC front
+    reads the configuration through Triton's HTTP port too, so both fronts share one
+    cached form of it)."""
     configs = gw.model_configs
     known = configs.get(route.triton_name)
     if known is not None:
@@ -35,7 +46,7 @@ async def model_config(exchange: Exchange) -> Any:
         if attempt == _CONFIG_READS or held_anyway:
             message = triton_message(rename_json(raw, route.triton_name, route.name))
             raise TritonRefusedError(message, answer.status)
-        await exchange.admit()
+        await admit()
     try:
         config = json.loads(raw)
     except ValueError:

@@ -17,7 +17,7 @@ forwards those parameters (`tensors.parse_infer` checks their types, as Triton r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from modelswap_sidecar.gateway.paths import PathTable
@@ -81,5 +81,46 @@ def served(extensions: Iterable[object], paths: PathTable[Any]) -> list[str]:
     for name in extensions:
         uses = USES.get(name) if isinstance(name, str) else None
         if uses and all(routed(paths, method, path) for method, path in uses):
+            kept.append(str(name))
+    return kept
+
+
+#: Each extension Triton lists, with the gRPC methods (`inference.GRPCInferenceService`)
+#: a client uses it through; empty: none over gRPC (`generate` is HTTP's only), so not
+#: served there. The gRPC front's `ServerMetadata` lists an extension when the front
+#: answers every one of its methods (`grpc_server.serves`: defined, and not as a refusal).
+GRPC_USES: dict[str, tuple[str, ...]] = {
+    "classification": ("ModelInfer",),
+    "sequence": ("ModelInfer",),
+    "schedule_policy": ("ModelInfer",),
+    "binary_tensor_data": ("ModelInfer",),
+    "parameters": ("ModelInfer",),
+    "model_configuration": ("ModelConfig",),
+    "statistics": ("ModelStatistics",),
+    "generate": (),
+    "model_repository": ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"),
+    "model_repository(unload_dependents)": ("RepositoryModelUnload",),
+    "system_shared_memory": (
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+    ),
+    "cuda_shared_memory": (
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
+    ),
+    "trace": ("TraceSetting",),
+    "logging": ("LogSettings",),
+}
+
+
+def served_grpc(extensions: Iterable[object], serves: Callable[[str], bool]) -> list[str]:
+    """Those of `extensions` (Triton's list) whose every gRPC method `serves`, in order; one
+    `GRPC_USES` does not know, or with no gRPC method, is left out."""
+    kept: list[str] = []
+    for name in extensions:
+        uses = GRPC_USES.get(name) if isinstance(name, str) else None
+        if uses and all(serves(method) for method in uses):
             kept.append(str(name))
     return kept

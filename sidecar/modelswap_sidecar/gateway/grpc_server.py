@@ -19,6 +19,12 @@ that a swap-out's drain deadline ends. Served:
                             not hold it); ModelStatistics with no name: every model in scope
     Repository*, *SharedMemory*, TraceSetting, LogSettings        UNIMPLEMENTED
 
+Bounds: a ModelInfer request (and each of a stream's) is checked as the HTTP front checks a
+v2 body, before any swap-in and before forwarding (`grpc_tensors.infer_request`, then the
+model's configuration: `tensors.check_config`): INVALID_ARGUMENT `BadRequest` with HTTP's
+message naming the input. `ServerMetadata` lists only the extensions this front serves
+(`extensions.served_grpc` over `serves`).
+
 Which model: the gRPC `:authority` is not visible to a grpcio server, so the namespace comes
 from the model name written `namespace/name`, else from the request metadata
 `modelswap-namespace`; a bare name resolves in local mode only (else INVALID_ARGUMENT
@@ -49,6 +55,8 @@ from typing import Any, NoReturn, TypeVar, cast
 import grpc  # type: ignore[import-untyped]  # no stubs ship with grpcio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from modelswap_sidecar.gateway import extensions, grpc_tensors, tensors
+from modelswap_sidecar.gateway.config_reads import read_model_config
 from modelswap_sidecar.gateway.context import Call, Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
@@ -57,6 +65,7 @@ from modelswap_sidecar.gateway.errors import (
     GatewayError,
     ModelSwappedOutError,
     NamespaceRequiredError,
+    TritonRefusedError,
 )
 from modelswap_sidecar.gateway.grpc_forward import GrpcUpstream, TritonRpcError, forwarded_metadata
 from modelswap_sidecar.gateway.routing import is_namespace, split_qualified, statistics_names
@@ -149,6 +158,15 @@ def _renamed(error: GatewayError, route: ModelRoute) -> GatewayError:
     error.message = error.message.replace(route.triton_name, route.name)
     error.args = (error.message,)
     return error
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _refused(handler: F) -> F:
+    """Marks a method the front answers UNIMPLEMENTED (`serves`)."""
+    handler.refuses = True  # type: ignore[attr-defined]
+    return handler
 
 
 class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -279,6 +297,27 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         finally:
             ticket.close()
 
+    async def _check_config(
+        self, call: _Call, route: ModelRoute, inputs: tensors.InferRequest
+    ) -> None:
+        """The inputs against the model's configuration, as the HTTP front's
+        (`v2._check_inputs`): before any swap-in when the configuration is known, else
+        after it; only the message's bounds hold when Triton gives none the gateway reads."""
+        gw = self.gw
+        if gw.model_configs.get(route.triton_name) is None and not gw.directory.is_resident(
+            route.uid
+        ):
+            await self._admit(call, route)
+        try:
+            config = await read_model_config(gw, route, lambda: self._admit(call, route))
+        except TritonRefusedError as e:
+            logger.info("no configuration of %s/%s to check against: %s", route.namespace,
+                        route.name, e.message)  # fmt: skip
+            return
+        shape = tensors.model_shape(config)
+        if shape is not None:
+            tensors.check_config(inputs, shape, route.name)
+
     # -- inference ---------------------------------------------------------------------------
 
     async def ModelInfer(  # noqa: N802
@@ -292,7 +331,8 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
                     f"{route.name} is a decoupled model: Triton serves it through "
                     "ModelStreamInfer only"
                 )
-            _refuse_shared_memory(request)
+            inputs = grpc_tensors.infer_request(request)
+            await self._check_config(call, route, inputs)
             gw.directory.record_request(route.uid, gw.clock())
             request.model_name = route.triton_name
             metadata = forwarded_metadata(context.invocation_metadata())
@@ -309,6 +349,7 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
                                     "waiting again", route.namespace, route.name)  # fmt: skip
                         gw.at_triton.discard(cast(Call, call))
                         continue
+                    gw.model_configs.forget(route.triton_name)  # it may have changed
                     raise _renamed(e, route) from e
                 response.model_name = route.name
                 return response
@@ -364,6 +405,9 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
             answer: service_pb2.ServerMetadataResponse = await self.upstream.call(
                 "ServerMetadata", request
             )
+            kept = extensions.served_grpc(answer.extensions, serves)
+            del answer.extensions[:]
+            answer.extensions.extend(kept)
             return answer
 
         return await self._serve(context, work)
@@ -477,57 +521,68 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
 
     # -- refused ------------------------------------------------------------------------------
 
+    @_refused
     async def RepositoryIndex(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, "Triton's repository API is not exposed: models are "
                              "placed by their ModelDeployments")  # fmt: skip
 
+    @_refused
     async def RepositoryModelLoad(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, "Triton's repository API is not exposed: models are "
                              "placed by their ModelDeployments")  # fmt: skip
 
+    @_refused
     async def RepositoryModelUnload(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, "Triton's repository API is not exposed: models are "
                              "placed by their ModelDeployments")  # fmt: skip
 
+    @_refused
     async def SystemSharedMemoryStatus(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def SystemSharedMemoryRegister(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def SystemSharedMemoryUnregister(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def CudaSharedMemoryStatus(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def CudaSharedMemoryRegister(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def CudaSharedMemoryUnregister(  # noqa: N802
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await _unimplemented(context, _NO_SHARED_MEMORY)
 
+    @_refused
     async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         await _unimplemented(context, "Triton's trace settings are the node's, not a client's")
 
+    @_refused
     async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         await _unimplemented(context, "Triton's log settings are the node's, not a client's")
 
@@ -597,11 +652,12 @@ class _Stream:
 
     async def _admit(self, request: service_pb2.ModelInferRequest) -> ModelRoute:
         route = self.front._route(request.model_name, self.context)
-        _refuse_shared_memory(request)
+        inputs = grpc_tensors.infer_request(request)
         call = self.calls.get(route.uid)
         if call is None:
             call = self.calls[route.uid] = _Call()
             call.route = route
+        await self.front._check_config(call, route, inputs)
         self.gw.directory.record_request(route.uid, self.gw.clock())
         await self.front._admit(call, route)
         self.gw.at_triton.add(route.triton_name, cast(Call, call))
@@ -668,10 +724,11 @@ def _refusal(
     )
 
 
-def _refuse_shared_memory(request: service_pb2.ModelInferRequest) -> None:
-    for tensor in [*request.inputs, *request.outputs]:
-        if any(key.startswith("shared_memory") for key in tensor.parameters):
-            raise BadRequestError(f"{tensor.name}: {_NO_SHARED_MEMORY}")
+def serves(method: str) -> bool:
+    """`GrpcFront` answers `method` (an RPC of `inference.GRPCInferenceService`): it
+    defines it, and not as a refusal (`_refused`). `ServerMetadata`'s extensions follow."""
+    handler = GrpcFront.__dict__.get(method)
+    return handler is not None and not getattr(handler, "refuses", False)
 
 
 def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str | None:

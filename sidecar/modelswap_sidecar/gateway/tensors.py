@@ -251,11 +251,7 @@ def parse_infer(body: bytes, length_text: str | None) -> InferRequest:
     if not isinstance(raw_inputs, list):
         raise BadRequestError("inputs: must be a list of input tensors")
     inputs = tuple(_input(raw, index) for index, raw in enumerate(raw_inputs))
-    seen: set[str] = set()
-    for tensor in inputs:
-        if tensor.name in seen:
-            raise BadRequestError(f"input {_shown(tensor.name)} is given more than once")
-        seen.add(tensor.name)
+    check_names(inputs)
     declared_binary = sum(t.binary_bytes or 0 for t in inputs)
     if declared_binary != binary_bytes:
         raise BadRequestError(
@@ -267,27 +263,62 @@ def parse_infer(body: bytes, length_text: str | None) -> InferRequest:
 
 
 def _input(raw: object, index: int) -> TensorInput:
+    """One input of an HTTP request's JSON header: what it carries fed to `tensor_input`."""
     if not isinstance(raw, dict):
         raise BadRequestError(f"inputs[{index}]: must be an object")
     name = raw.get("name")
     if not isinstance(name, str):
         raise BadRequestError(f"inputs[{index}]: name must be a string")
     where = f"input {_shown(name)}"
-    datatype = raw.get("datatype")
-    if not isinstance(datatype, str) or (datatype != BYTES and datatype not in ELEMENT_BYTES):
-        raise BadRequestError(f"{where}: datatype {_shown(datatype)} is not a v2 datatype")
-    shape = _shape(raw.get("shape"), where)
     parameters = raw.get("parameters", {})
     if not isinstance(parameters, dict):
         raise BadRequestError(f"{where}: parameters must be an object")
-    if SHARED_MEMORY_PARAMETER in parameters:
-        raise _shared_memory_error(where)
-    elements = math.prod(shape)
-    shown_shape = list(shape)
     size = parameters.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise BadRequestError(f"{where}: binary_data_size must be a non-negative integer")
+        carried = Carried(data_bytes=size, name=f"binary_data_size is {size}")
+    elif "data" in raw:
+        datatype = raw.get("datatype")
+        values = (
+            _count_values(raw["data"], datatype, where)
+            if isinstance(datatype, str) and datatype in _DATA_VALUES
+            else None  # `tensor_input` refuses the datatype
+        )
+        carried = Carried(values=values, name="data")
+    else:
+        carried = Carried(name="data nor binary_data_size")
+    return tensor_input(name, raw.get("datatype"), raw.get("shape"), parameters, carried)
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a request carries for one input's data: bytes (HTTP's binary data, gRPC's
+    `raw_input_contents`), or values (HTTP's JSON `data`, gRPC's typed `contents`, the
+    strings of BYTES raw contents), or neither (both None); `name` says which in messages."""
+
+    data_bytes: int | None = None
+    values: int | None = None
+    name: str = "data"
+
+
+def tensor_input(
+    name: str, datatype: object, shape: object, parameters: Mapping[str, object], carried: Carried
+) -> TensorInput:
+    """One input checked against what the request carries for it, whichever front it came
+    through (HTTP JSON or binary, gRPC raw or typed contents): a v2 datatype, a shape of
+    non-negative integers, no shared memory, and exactly the data its shape needs.
+    BadRequestError naming the input."""
+    where = f"input {_shown(name)}"
+    if not isinstance(datatype, str) or (datatype != BYTES and datatype not in ELEMENT_BYTES):
+        raise BadRequestError(f"{where}: datatype {_shown(datatype)} is not a v2 datatype")
+    dims = _shape(shape, where)
+    if SHARED_MEMORY_PARAMETER in parameters:
+        raise _shared_memory_error(where)
+    elements = math.prod(dims)
+    shown_shape = list(dims)
+    size = carried.data_bytes
+    if size is not None:
         if datatype == BYTES:
             if elements * _BYTES_ELEMENT_MIN_BYTES > size:
                 raise BadRequestError(
@@ -296,18 +327,61 @@ def _input(raw: object, index: int) -> TensorInput:
                 )
         elif (needed := elements * ELEMENT_BYTES[datatype]) != size:
             raise BadRequestError(
-                f"{where}: shape {shown_shape} of {datatype} is {needed} bytes, but "
-                f"binary_data_size is {size}"
+                f"{where}: shape {shown_shape} of {datatype} is {needed} bytes, but {carried.name}"
             )
-        return TensorInput(name, datatype, shape, size)
-    if "data" not in raw:
-        raise BadRequestError(f"{where}: carries neither data nor binary_data_size")
-    values = _count_values(raw["data"], datatype, where)
-    if values != elements:
+        return TensorInput(name, datatype, dims, size)
+    if carried.values is None:
+        raise BadRequestError(f"{where}: carries neither {carried.name}")
+    if carried.values != elements:
         raise BadRequestError(
-            f"{where}: shape {shown_shape} holds {elements} elements, but data has {values}"
+            f"{where}: shape {shown_shape} holds {elements} elements, but {carried.name} "
+            f"has {carried.values}"
         )
-    return TensorInput(name, datatype, shape, None)
+    return TensorInput(name, datatype, dims, None)
+
+
+def prefixed_strings(data: bytes, where: str) -> int:
+    """The strings of BYTES tensor data (each a 4-byte little-endian length, then that many
+    bytes); BadRequestError when a length runs past the data."""
+    count = offset = 0
+    while offset < len(data):
+        if offset + _BYTES_ELEMENT_MIN_BYTES > len(data):
+            raise BadRequestError(
+                f"{where}: its BYTES data ends inside a 4-byte length prefix (at byte {offset} "
+                f"of {len(data)})"
+            )
+        length = int.from_bytes(data[offset : offset + _BYTES_ELEMENT_MIN_BYTES], "little")
+        offset += _BYTES_ELEMENT_MIN_BYTES + length
+        if offset > len(data):
+            raise BadRequestError(
+                f"{where}: string {count}'s length prefix says {length} bytes, past the end of "
+                f"its {len(data)} bytes of BYTES data"
+            )
+        count += 1
+    return count
+
+
+def check_request_parameters(parameters: Mapping[str, object]) -> None:
+    """The request's parameters that Triton reads itself are of their types."""
+    _check_parameters(parameters, "parameters", _REQUEST_PARAMETERS)
+
+
+def check_output(name: str, parameters: Mapping[str, object]) -> None:
+    """A requested output's parameters that Triton reads itself are of their types, and it
+    names no shared memory."""
+    where = f"output {_shown(name)}"
+    _check_parameters(parameters, f"{where}: parameters", _OUTPUT_PARAMETERS)
+    if SHARED_MEMORY_PARAMETER in parameters:
+        raise _shared_memory_error(where)
+
+
+def check_names(inputs: Sequence[TensorInput]) -> None:
+    """No input is given twice."""
+    seen: set[str] = set()
+    for tensor in inputs:
+        if tensor.name in seen:
+            raise BadRequestError(f"input {_shown(tensor.name)} is given more than once")
+        seen.add(tensor.name)
 
 
 def _shape(raw: object, where: str) -> tuple[int, ...]:
@@ -357,12 +431,10 @@ def _refuse_shared_memory_outputs(outputs: object) -> None:
         name = output.get("name")
         if not isinstance(name, str):
             raise BadRequestError(f"outputs[{index}]: name must be a string")
-        where = f"output {_shown(name)}"
         parameters = output.get("parameters", {})
-        _check_parameters(parameters, f"{where}: parameters", _OUTPUT_PARAMETERS)
-        assert isinstance(parameters, dict)  # for mypy: _check_parameters refused others
-        if SHARED_MEMORY_PARAMETER in parameters:
-            raise _shared_memory_error(where)
+        if not isinstance(parameters, dict):
+            raise BadRequestError(f"output {_shown(name)}: parameters must be an object")
+        check_output(name, parameters)
 
 
 def model_shape(config: object) -> ModelShape | None:
