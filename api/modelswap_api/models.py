@@ -151,14 +151,25 @@ class EffectivePolicyStatus(_Wire):
 @dataclass(frozen=True, kw_only=True)
 class ModelDeploymentStatus(_Wire):
     phase: DeploymentPhase | None = None
+    #: The name users call the model by (spec.model.name, else metadata.name).
+    model_name: str | None = None
     node: str | None = None
     gpu: str | None = None
     endpoint: str | None = None
     resident_bytes: int | None = None
+    #: `resident_bytes` for people (`quantities.format_bytes`): the RESIDENT column.
+    resident_size: str | None = None
     host_bytes: int | None = None
+    #: `host_bytes` for people: the HOST column.
+    host_size: str | None = None
     last_request_time: str | None = None
+    #: Swap-ins and swap-outs over the model's life, on every node that hosted it.
     swap_ins: int | None = None
     swap_outs: int | None = None
+    #: The part of `swap_ins`/`swap_outs` counted on nodes that no longer host the model
+    #: (or before its agent restarted): added when the model left them.
+    earlier_swap_ins: int | None = None
+    earlier_swap_outs: int | None = None
     last_swap_in_seconds: float | None = None
     effective_policy: EffectivePolicyStatus | None = None
     observed_generation: int | None = None
@@ -263,6 +274,12 @@ class SwapNodeStatus(_Wire):
     #: `endpoint` (`modelswap_api.tls.pinned_context`); unset with plain HTTP.
     certificate: str | None = None
     gpus: tuple[GpuStatus, ...] | None = None
+    #: Summaries of `gpus` for `kubectl get swapnodes` (a printer column shows one value).
+    gpu_count: int | None = None
+    hbm_free_bytes: int | None = None
+    #: `hbm_free_bytes` (free GPU memory summed over the GPUs) for people: HBM-FREE.
+    hbm_free_size: str | None = None
+    model_count: int | None = None
     node_labels: Mapping[str, str] | None = None
     node_taints: tuple[Taint, ...] | None = None
     models: tuple[HostedModel, ...] | None = None

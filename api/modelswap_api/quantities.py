@@ -98,3 +98,31 @@ class Duration:
     @property
     def is_never(self) -> bool:
         return self.raw == NEVER
+
+
+_BINARY_SUFFIXES = (
+    ("Pi", 1 << 50),
+    ("Ti", 1 << 40),
+    ("Gi", 1 << 30),
+    ("Mi", 1 << 20),
+    ("Ki", 1 << 10),
+)
+
+
+def format_bytes(count: int) -> str:
+    """A byte count as people read it in `kubectl get` (the status' `...Size` twins of its
+    `...Bytes` fields): binary suffixes, at most three significant digits, rounded down so
+    a size never claims more than there is: 0, 999, 1.5Ki, 512Mi, 14.2Gi, 120Gi. Every
+    result is a valid Kubernetes quantity."""
+    if count < 1024:
+        return str(max(count, 0))
+    for suffix, multiplier in _BINARY_SUFFIXES:
+        if count >= multiplier:
+            whole = count / multiplier
+            decimals = 0 if whole >= 100 else 1 if whole >= 10 else 2
+            scale = 10**decimals
+            text = f"{int(whole * scale) / scale:.{decimals}f}"
+            if "." in text:
+                text = text.rstrip("0").rstrip(".")
+            return f"{text}{suffix}"
+    raise AssertionError("unreachable: count >= 1024 has a suffix")

@@ -11,6 +11,13 @@ the recorder never drops one.
 
 Posting is best effort: a failed post is logged, never retried, never allowed to hold up
 the loop's other work (the series then continues from what was last written).
+
+A terminating namespace refuses every new object, Events included (403 Forbidden,
+`NamespaceTerminating`: "unable to create new content in namespace ... because it is being
+terminated"). Deleting a namespace of many models would otherwise cost a refused post and
+a warning line for each of their last transitions: the first refusal marks the namespace
+(one INFO line), and for `TERMINATING_QUIET_SECONDS` no Event is posted or bumped there
+(a namespace created again under the same name gets its Events after that).
 """
 
 from __future__ import annotations
@@ -33,7 +40,19 @@ COMPONENT = "modelswap-operator"
 MEMORY = 20_000
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
+#: How long a namespace that refused an Event as terminating gets no more posts.
+TERMINATING_QUIET_SECONDS = 300.0
+
 SeriesKey = tuple[str, str, str, str]  # involved uid, type, reason, message
+
+
+def namespace_terminating(error: kube.KubeError) -> bool:
+    """The API server refused a create because the namespace is being deleted (its
+    Status' cause NamespaceTerminating, or the message it carries)."""
+    text = str(error)
+    return error.status == 403 and (
+        "NamespaceTerminating" in text or "because it is being terminated" in text
+    )
 
 
 def event_body(
@@ -83,11 +102,34 @@ class EventRecorder:
         self.io = io
         self._clock = clock or (lambda: datetime.now(UTC))
         self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
+        #: Namespaces that refused an Event as terminating, and since when.
+        self._terminating: dict[str, datetime] = {}
+
+    def terminating(self, namespace: str) -> bool:
+        """The namespace refused an Event as terminating in the last
+        `TERMINATING_QUIET_SECONDS`: nothing more is posted there."""
+        since = self._terminating.get(namespace)
+        if since is None:
+            return False
+        if (self._clock() - since).total_seconds() < TERMINATING_QUIET_SECONDS:
+            return True
+        del self._terminating[namespace]
+        return False
+
+    def _refused_as_terminating(self, namespace: str, error: kube.KubeError) -> bool:
+        if not namespace_terminating(error):
+            return False
+        if namespace not in self._terminating:
+            log.info("namespace %s is being deleted: no more Events there", namespace)
+        self._terminating[namespace] = self._clock()
+        return True
 
     async def post(self, involved: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """Record one occurrence: bump the series' Event, or create it."""
         metadata = involved["metadata"]
         namespace = str(metadata["namespace"])
+        if self.terminating(namespace):
+            return
         key: SeriesKey = (str(metadata["uid"]), kind, reason, message[:1024])
         now = self._clock()
         series = self._series.get(key)
@@ -99,8 +141,9 @@ class EventRecorder:
             except kube.NotFound:
                 del self._series[key]  # expired by the API server: a new series below
             except kube.KubeError as e:
-                log.warning("could not bump Event %s (%s) for %s: %s", series.name, reason,
-                            key[0], e)  # fmt: skip
+                if not self._refused_as_terminating(namespace, e):
+                    log.warning("could not bump Event %s (%s) for %s: %s", series.name,
+                                reason, key[0], e)  # fmt: skip
                 return
             else:
                 series.count += 1
@@ -110,7 +153,8 @@ class EventRecorder:
         try:
             await self.io.call(kube.create_event, namespace, body)
         except kube.KubeError as e:
-            log.warning("could not post Event %s for %s: %s", reason, key[0], e)
+            if not self._refused_as_terminating(namespace, e):
+                log.warning("could not post Event %s for %s: %s", reason, key[0], e)
             return
         self._series[key] = _Series(name=body["metadata"]["name"], count=1)
         while len(self._series) > MEMORY:

@@ -85,7 +85,16 @@ def register(
 
     @kopf.on.delete(*MODEL_DEPLOYMENTS, registry=registry)
     async def deleted(uid: str, name: str, namespace: str | None, **_: Any) -> None:
-        if not await runtime.wait_released(uid, RELEASE_WAIT_SECONDS):
+        await wait_for_release(runtime, uid, name, namespace)
+
+
+async def wait_for_release(runtime: Runtime, uid: str, name: str, namespace: str | None) -> None:
+    """Return once the loop freed the model's memory; else ask kopf to retry (a patch and,
+    past a while, an Event saying it waits). In a namespace being deleted kopf's retry
+    would log an error and post an Event the namespace refuses (another error line), for
+    every model in it: wait here, quietly, instead."""
+    while not await runtime.wait_released(uid, RELEASE_WAIT_SECONDS):
+        if not runtime.namespace_terminating(namespace or ""):
             raise kopf.TemporaryError(
                 f"waiting for the node to free {namespace}/{name}'s memory",
                 delay=RELEASE_RETRY_SECONDS,

@@ -131,6 +131,14 @@ def _deleting(body: Body) -> bool:
     return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def _model_name(body: Body) -> str:
+    """The name users call the model by (spec.model.name, else metadata.name), read from
+    the raw body: a body that does not parse still shows its name."""
+    model = (body.get("spec") or {}).get("model") or {}
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name or body["metadata"]["name"])
+
+
 def _deployment(body: Body) -> ModelDeployment:
     return ModelDeployment.from_dict(
         {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
@@ -851,6 +859,7 @@ class Reconciler:
             if last is not None and last[1] is previous and last[0] == inputs:
                 continue  # built from the same inputs over the same status: unchanged
             status = build_status(
+                model_name=_model_name(body),
                 generation=generation,
                 deleting=deleting,
                 verdict=verdict,

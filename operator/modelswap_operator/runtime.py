@@ -87,6 +87,10 @@ class Runtime:
     async def wait_released(self, uid: str, timeout_seconds: float) -> bool:
         return await self.reconciler.wait_released(uid, timeout_seconds)
 
+    def namespace_terminating(self, namespace: str) -> bool:
+        """The namespace is being deleted (it refused an Event as terminating)."""
+        return self.reconciler.events.terminating(namespace)
+
     def alive(self) -> bool:
         return not self.lost and (self._loop is None or not self._loop.done())
 

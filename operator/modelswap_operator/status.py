@@ -30,6 +30,7 @@ from typing import Any
 from modelswap_api.control import EntryResult
 from modelswap_api.models import Condition, HostedModel, ModelDeploymentStatus
 from modelswap_api.policy import EffectivePolicy
+from modelswap_api.quantities import format_bytes
 
 #: Phases in which the node holds the model's bytes (GPU or host): it can serve.
 LOADED_PHASES = frozenset({"Resident", "SwappedOut", "SwappingIn", "SwappingOut"})
@@ -108,6 +109,7 @@ class Observed:
 
 def build_status(
     *,
+    model_name: str | None = None,
     generation: int,
     deleting: bool,
     verdict: Verdict,
@@ -125,22 +127,58 @@ def build_status(
     ]
     conditions.append(_ready(verdict, observed))
     phase = _phase(deleting, placed, observed)
+    resident_bytes = (hosted.resident_bytes or 0) if hosted else 0
+    host_bytes = (hosted.host_bytes or 0) if hosted else 0
+    earlier_ins, swap_ins = _swap_count(verdict.node, hosted.swap_ins if hosted else None,
+                                        previous, "swapIns", "earlierSwapIns")  # fmt: skip
+    earlier_outs, swap_outs = _swap_count(verdict.node, hosted.swap_outs if hosted else None,
+                                          previous, "swapOuts", "earlierSwapOuts")  # fmt: skip
     status = ModelDeploymentStatus(
         phase=phase,  # type: ignore[arg-type]
+        model_name=model_name,
         node=verdict.node,
         gpu=verdict.gpu,
         endpoint=observed.endpoint if placed else None,
-        resident_bytes=(hosted.resident_bytes or 0) if hosted else 0,
-        host_bytes=(hosted.host_bytes or 0) if hosted else 0,
+        resident_bytes=resident_bytes,
+        resident_size=format_bytes(resident_bytes),
+        host_bytes=host_bytes,
+        host_size=format_bytes(host_bytes),
         last_request_time=hosted.last_request_time if hosted else None,
-        swap_ins=(hosted.swap_ins or 0) if hosted else 0,
-        swap_outs=(hosted.swap_outs or 0) if hosted else 0,
+        swap_ins=swap_ins,
+        swap_outs=swap_outs,
+        earlier_swap_ins=earlier_ins or None,
+        earlier_swap_outs=earlier_outs or None,
         last_swap_in_seconds=hosted.last_swap_in_seconds if hosted else None,
         effective_policy=verdict.policy.to_status() if verdict.policy else None,
         observed_generation=generation,
         conditions=tuple(_keep_transition_times(conditions, previous, now)),
     )
     return status.to_dict()
+
+
+def _swap_count(
+    node: str | None,
+    reported: int | None,
+    previous: Mapping[str, Any] | None,
+    total_key: str,
+    earlier_key: str,
+) -> tuple[int, int]:
+    """(earlier, total) of one swap counter over the model's life. A node counts only
+    while it hosts the model (its agent forgets a model that leaves, and starts from 0
+    after a restart), so the count the status showed is kept as `earlier` when the model
+    left that node (another node, or none) or the node's count went back: the total never
+    goes back. A turn without the node's report changes nothing. A swap the node counted
+    after the last status write is lost when the model leaves it."""
+    before = previous or {}
+    earlier = int(before.get(earlier_key) or 0)
+    total_before = int(before.get(total_key) or 0)
+    if before.get("node") != node:
+        return total_before, total_before + (reported or 0)
+    if reported is None:
+        return earlier, max(total_before, earlier)  # not reported this turn: nothing new
+    if reported < total_before - earlier:
+        earlier = total_before  # the node counts from 0 again (its agent restarted)
+    return earlier, earlier + reported
 
 
 def _phase(deleting: bool, placed: bool, observed: Observed) -> str:

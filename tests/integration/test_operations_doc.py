@@ -378,6 +378,12 @@ def check_status_command(kubectl: Kubectl, objects: Objects, command: Command, n
         column = header.split().index("LEASE")
         assert {row.split()[0]: row.split()[column] for row in rows} == {
             "node-a": "Live", "node-b": "Live"}, out  # fmt: skip
+        # "GPUS, HBM-FREE, MODELS": each node's two sim GPUs, free HBM as a quantity
+        named = header.split()
+        for row in rows:
+            cells = dict(zip(named, row.split(), strict=False))
+            assert cells["GPUS"] == "2" and cells["HBM-FREE"].endswith("Mi"), out
+            assert cells["MODELS"].isdigit(), out
     elif argv[1:3] == ("get", "swapnodes"):
         items = yaml.safe_load(out)["items"]
         assert {i["metadata"]["name"] for i in items} == {"node-a", "node-b"}

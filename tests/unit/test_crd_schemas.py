@@ -134,7 +134,8 @@ def test_model_deployment_names_and_printer_columns() -> None:
     version = crds.version_of(crd, crds.VERSION)
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Node", "Phase", "Ready", "Resident", "Last-Request", "Age"]
+    assert columns == ["Model", "Node", "Phase", "Ready", "Reason", "Resident", "Host",
+                       "Swap-Ins", "GPU", "Last-Request", "Age"]  # fmt: skip
     swap_node = ALL[crds.SWAP_NODE]
     assert swap_node["spec"]["scope"] == "Cluster"
     assert crds.version_of(swap_node, crds.VERSION)["subresources"] == {"status": {}}

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from modelswap_api.models import SwapNode, SwapNodeSpec, SwapNodeStatus, Taint
+from modelswap_api.quantities import format_bytes
 from modelswap_sidecar.heartbeat.report import NodeReport
 
 MICRO_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -76,7 +77,11 @@ def owner_patch(swapnode: Mapping[str, Any], node: NodeFacts) -> dict[str, Any]:
 
 
 def desired_status(report: NodeReport, node: NodeFacts) -> dict[str, Any]:
-    """The SwapNode status to write: the report, with the Node's labels and taints."""
+    """The SwapNode status to write: the report, with the Node's labels and taints, and
+    the summaries `kubectl get swapnodes` shows (GPUS, HBM-FREE, MODELS: a printer column
+    shows one value, not a sum over a list)."""
+    gpus = report.gpus or ()
+    hbm_free_bytes = sum(gpu.hbm_free_bytes or 0 for gpu in gpus)
     status = SwapNodeStatus(
         agent_version=report.agent_version,
         endpoint=report.endpoint,
@@ -84,6 +89,10 @@ def desired_status(report: NodeReport, node: NodeFacts) -> dict[str, Any]:
         gateway_grpc_endpoint=report.gateway_grpc_endpoint,
         certificate=report.certificate,
         gpus=report.gpus,
+        gpu_count=len(gpus),
+        hbm_free_bytes=hbm_free_bytes,
+        hbm_free_size=format_bytes(hbm_free_bytes),
+        model_count=sum(1 for model in report.models or () if model.desired is not False),
         node_labels=dict(node.labels),
         node_taints=node.taints,
         models=report.models,

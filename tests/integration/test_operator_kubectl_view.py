@@ -1,0 +1,94 @@
+"""What kubectl shows (issue 27, item 8), through the API emulator and the operator.
+
+- `kubectl get md -o wide` and `kubectl get swapnodes -o wide` fill every column: the
+  model's name with and without spec.model.name, Ready's reason, sizes as quantities,
+  the node's GPUs, free HBM, models and Lease; `kubectl explain` says what `pinned` does.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelswap_api.quantities import format_bytes
+from tests.integration.test_operator import EXAMPLES, wait_ready
+from tests.support.kube_testing import Kubectl, load_yaml
+from tests.support.operator_world import Objects, agents, emulator, operator
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+
+def model(name: str, namespace: str = "default") -> dict[str, Any]:
+    body = load_yaml(EXAMPLES / "classify-drop-on-idle.yaml")
+    body["metadata"] = {"name": name, "namespace": namespace}
+    return body
+
+
+def rows(table: str) -> dict[str, dict[str, str]]:
+    """kubectl's table as {name: {COLUMN: cell}}, cut where the header's columns start (an
+    empty cell, such as a model's LAST-REQUEST before any request, is "")."""
+    header, *lines = [line for line in table.splitlines() if line.strip()]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    found = {}
+    for line in lines:
+        cells = [
+            line[begin:end].strip()
+            for begin, end in zip(starts, [*starts[1:], len(line) + 1], strict=True)
+        ]
+        found[cells[0]] = dict(zip(names, cells, strict=True))
+    return found
+
+
+@pytest.mark.timeout(240)
+async def test_kubectl_get_fills_every_column(tmp_path: Path) -> None:
+    with emulator() as api:
+        objects = Objects(api)
+        kubectl = Kubectl(api.kubeconfig_path, api.home)
+        try:
+            async with agents(api, tmp_path, names=("node-a",)):
+                with operator(api):
+                    named = model("named")
+                    named["spec"]["model"]["name"] = "classify-x"
+                    plain = model("plain")
+                    del plain["spec"]["model"]["name"]
+                    for body in (named, plain):
+                        objects.apply(body)
+                    for name in ("named", "plain"):
+                        await wait_ready(objects, name)
+
+                    def table() -> dict[str, dict[str, str]] | None:
+                        out = kubectl.run("get", "md", "-o", "wide", check=True).stdout
+                        found = rows(out)
+                        if any(row["RESIDENT"] == "0" for row in found.values()):
+                            return None  # a status not yet written with its bytes
+                        return found
+
+                    shown = await until(table, "both models' bytes in the table")
+                    swapnodes = rows(
+                        kubectl.run("get", "swapnodes", "-o", "wide", check=True).stdout
+                    )
+                    statuses = {n: (objects.get(n) or {})["status"] for n in ("named", "plain")}
+                    explained = kubectl.run(
+                        "explain", "modeldeployments.spec.swapPolicy.idleAfter", check=True
+                    ).stdout
+        finally:
+            objects.close()
+    assert shown["named"]["MODEL"] == "classify-x"
+    assert shown["plain"]["MODEL"] == "plain"  # spec.model.name omitted: the object's name
+    for name, row in shown.items():
+        status = statuses[name]
+        assert (row["NODE"], row["READY"], row["REASON"]) == ("node-a", "True", "Serving"), row
+        assert row["RESIDENT"] == format_bytes(status["residentBytes"]), (row, status)
+        assert row["RESIDENT"].endswith(("Ki", "Mi", "Gi")), row  # not a raw byte count
+        assert row["HOST"] == format_bytes(status["hostBytes"]), (row, status)
+        assert row["SWAP-INS"] == str(status["swapIns"]) and row["GPU"] == status["gpu"]
+    node = swapnodes["node-a"]
+    assert (node["LEASE"], node["GPUS"], node["MODELS"]) == ("Live", "2", "2"), node
+    assert node["HBM-FREE"].endswith("Mi"), node  # two 256Mi sim GPUs, 64Mi+ taken
+    assert node["ENDPOINT"].startswith("https://"), node
+    assert "pinned" in explained and "pressure" in explained, explained
