@@ -17,11 +17,14 @@ A terminating namespace refuses every new object, Events included (403 Forbidden
 terminated"). Deleting a namespace of many models would otherwise cost a refused post and
 a warning line for each of their last transitions: the first refusal marks the namespace
 (one INFO line), and for `TERMINATING_QUIET_SECONDS` no Event is posted or bumped there
-(a namespace created again under the same name gets its Events after that).
+(a namespace created again under the same name gets its Events after that). The Events
+of models being deleted are posted one at a time per namespace, so that one refusal is
+all a terminating namespace sees.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections import OrderedDict
@@ -104,6 +107,7 @@ class EventRecorder:
         self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
         #: Namespaces that refused an Event as terminating, and since when.
         self._terminating: dict[str, datetime] = {}
+        self._deleting_locks: dict[str, asyncio.Lock] = {}
 
     def terminating(self, namespace: str) -> bool:
         """The namespace refused an Event as terminating in the last
@@ -126,6 +130,22 @@ class EventRecorder:
 
     async def post(self, involved: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """Record one occurrence: bump the series' Event, or create it."""
+        namespace = str(involved["metadata"]["namespace"])
+        if not involved["metadata"].get("deletionTimestamp"):
+            await self._post(involved, kind, reason, message)
+            return
+        # Every model of a terminating namespace is being deleted, and the loop posts their
+        # Events side by side: one at a time per namespace, so that the first refusal
+        # stops the rest.
+        lock = self._deleting_locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            await self._post(involved, kind, reason, message)
+        if not lock.locked():
+            self._deleting_locks.pop(namespace, None)
+
+    async def _post(
+        self, involved: Mapping[str, Any], kind: str, reason: str, message: str
+    ) -> None:
         metadata = involved["metadata"]
         namespace = str(metadata["namespace"])
         if self.terminating(namespace):

@@ -3,15 +3,22 @@
 - `kubectl get md -o wide` and `kubectl get swapnodes -o wide` fill every column: the
   model's name with and without spec.model.name, Ready's reason, sizes as quantities,
   the node's GPUs, free HBM, models and Lease; `kubectl explain` says what `pinned` does.
+- Deleting a namespace whose models' node cannot free them yet (its agent stopped): the
+  operator posts at most one Event there (refused 403, the namespace terminating), logs
+  no warning or error about it, and every finalizer goes once the node is lost.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from modelswap_api.quantities import format_bytes
 from tests.integration.test_operator import EXAMPLES, wait_ready
@@ -92,3 +99,73 @@ async def test_kubectl_get_fills_every_column(tmp_path: Path) -> None:
     assert node["HBM-FREE"].endswith("Mi"), node  # two 256Mi sim GPUs, 64Mi+ taken
     assert node["ENDPOINT"].startswith("https://"), node
     assert "pinned" in explained and "pressure" in explained, explained
+
+
+TEAM = "team-gone"
+MODELS = 6
+
+
+class _Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def warnings_logged() -> Iterator[_Collected]:
+    """Every WARNING-or-worse record logged inside (the operator runs in a thread of this
+    process, kopf's loggers included)."""
+    handler = _Collected()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+
+
+@pytest.mark.timeout(240)
+async def test_deleting_a_namespace_of_models_is_quiet(tmp_path: Path) -> None:
+    """The agent of a namespace's models stops as the namespace is deleted: the models stay
+    held (the operator cannot free them until the node counts as lost) while the namespace
+    refuses new content. The operator posts at most one Event there (refused 403), logs no
+    warning or error about it, and every finalizer goes once the node is lost."""
+    with emulator(namespaces=(TEAM,)) as api:
+        objects = Objects(api)
+        try:
+            async with agents(api, tmp_path, names=("node-a",)) as nodes:
+                with operator(api):
+                    for i in range(MODELS):
+                        objects.apply(model(f"m-{i}", TEAM))
+                    for i in range(MODELS):
+                        await wait_ready(objects, f"m-{i}", TEAM)
+                    api.clear_request_log()
+                    with warnings_logged() as logged:
+                        await nodes["node-a"].agent.stop()
+                        objects.core.delete_namespace(TEAM)
+
+                        def gone() -> bool:
+                            try:
+                                objects.core.read_namespace(TEAM)
+                            except client.ApiException as e:
+                                return e.status == 404
+                            return False
+
+                        await until(gone, f"namespace {TEAM} deleted", 60)
+            refused = [
+                (r.verb, r.resource, r.name)
+                for r in api.request_log()
+                if r.namespace == TEAM and r.code == 403
+            ]
+        finally:
+            objects.close()
+    about_team = [
+        f"{r.name} {r.levelname}: {r.getMessage()}"
+        for r in logged.records
+        if TEAM in r.getMessage() or "m-" in r.getMessage()
+    ]
+    assert about_team == [], "\n".join(about_team[:20])
+    assert len(refused) <= 1, refused[:20]
