@@ -160,15 +160,6 @@ def _renamed(error: GatewayError, route: ModelRoute) -> GatewayError:
     return error
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _refused(handler: F) -> F:
-    """Marks a method the front answers UNIMPLEMENTED (`serves`)."""
-    handler.refuses = True  # type: ignore[attr-defined]
-    return handler
-
-
 class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The servicer and its server."""
 
@@ -519,78 +510,44 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
                 ) from e
             raise _renamed(e, route) from e
 
-    # -- refused ------------------------------------------------------------------------------
-
-    @_refused
-    async def RepositoryIndex(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, "Triton's repository API is not exposed: models are "
-                             "placed by their ModelDeployments")  # fmt: skip
-
-    @_refused
-    async def RepositoryModelLoad(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, "Triton's repository API is not exposed: models are "
-                             "placed by their ModelDeployments")  # fmt: skip
-
-    @_refused
-    async def RepositoryModelUnload(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, "Triton's repository API is not exposed: models are "
-                             "placed by their ModelDeployments")  # fmt: skip
-
-    @_refused
-    async def SystemSharedMemoryStatus(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def SystemSharedMemoryRegister(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def SystemSharedMemoryUnregister(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def CudaSharedMemoryStatus(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def CudaSharedMemoryRegister(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def CudaSharedMemoryUnregister(  # noqa: N802
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
-        await _unimplemented(context, _NO_SHARED_MEMORY)
-
-    @_refused
-    async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
-        await _unimplemented(context, "Triton's trace settings are the node's, not a client's")
-
-    @_refused
-    async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
-        await _unimplemented(context, "Triton's log settings are the node's, not a client's")
-
 
 _NO_SHARED_MEMORY = (
     "shared memory is not served through the gateway: Triton and the client would share "
     "the node's memory, which a client of the gateway does not; send tensors in the request"
 )
+
+_NO_REPOSITORY = (
+    "Triton's repository API is not exposed: models are placed by their ModelDeployments"
+)
+
+#: The calls the front answers UNIMPLEMENTED, and why (the generated servicer's own answer
+#: names no reason); `serves` leaves them out of `ServerMetadata`'s extensions.
+REFUSED: dict[str, str] = {
+    "RepositoryIndex": _NO_REPOSITORY,
+    "RepositoryModelLoad": _NO_REPOSITORY,
+    "RepositoryModelUnload": _NO_REPOSITORY,
+    "SystemSharedMemoryStatus": _NO_SHARED_MEMORY,
+    "SystemSharedMemoryRegister": _NO_SHARED_MEMORY,
+    "SystemSharedMemoryUnregister": _NO_SHARED_MEMORY,
+    "CudaSharedMemoryStatus": _NO_SHARED_MEMORY,
+    "CudaSharedMemoryRegister": _NO_SHARED_MEMORY,
+    "CudaSharedMemoryUnregister": _NO_SHARED_MEMORY,
+    "TraceSetting": "Triton's trace settings are the node's, not a client's",
+    "LogSettings": "Triton's log settings are the node's, not a client's",
+}
+
+
+def _refuse_with(reason: str) -> Callable[..., Any]:
+    async def refuse(
+        self: GrpcFront, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        await _unimplemented(context, reason)
+
+    return refuse
+
+
+for _method, _reason in REFUSED.items():
+    setattr(GrpcFront, _method, _refuse_with(_reason))
 
 
 class _Stream:
@@ -726,9 +683,8 @@ def _refusal(
 
 def serves(method: str) -> bool:
     """`GrpcFront` answers `method` (an RPC of `inference.GRPCInferenceService`): it
-    defines it, and not as a refusal (`_refused`). `ServerMetadata`'s extensions follow."""
-    handler = GrpcFront.__dict__.get(method)
-    return handler is not None and not getattr(handler, "refuses", False)
+    defines it, and not as a refusal (`REFUSED`). `ServerMetadata`'s extensions follow."""
+    return method in GrpcFront.__dict__ and method not in REFUSED
 
 
 def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str | None:
