@@ -16,14 +16,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from typing import Any
+
+from kubernetes.config.config_exception import ConfigException
 
 from modelswap_api import kube
 from modelswap_api.logs import configure_logging
 from modelswap_operator.uninstall import Target, Uninstaller, UninstallError
 
 ENV_PREFIX = "MODELSWAP_"
+#: Helm's rule for release names (and a Kubernetes name's for the rest).
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
 
 
 def register(subparsers: Any) -> None:
@@ -62,6 +67,10 @@ def target_from(args: argparse.Namespace, environ: dict[str, str]) -> Target:
         return environ.get(ENV_PREFIX + name.replace("-", "_").upper()) or None
 
     release = pick("release")
+    for flag, value in (("release", release), ("operator-namespace", pick("operator-namespace"))):
+        if value is not None and not _NAME.match(value):
+            raise ValueError(f"--{flag}: {value!r} is not a valid name (lower case letters, "
+                             "digits and '-', at most 53 characters)")  # fmt: skip
     operator_namespace = pick("operator-namespace")
     if operator_namespace is None:
         raise ValueError("--operator-namespace (or MODELSWAP_OPERATOR_NAMESPACE) is required")
@@ -94,7 +103,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("INFO", json_lines=False)
     kubeconfig = args.kubeconfig or os.environ.get(ENV_PREFIX + "KUBECONFIG") or None
     try:
-        with kube.api_client(kubeconfig) as api:
+        api_client = kube.api_client(kubeconfig)
+    except (ConfigException, OSError) as e:
+        where = kubeconfig or "the in-cluster config"
+        sys.stderr.write(f"modelswap uninstall: cannot use {where}: {e}\n")
+        return 2
+    try:
+        with api_client as api:
             Uninstaller(api, target).run()
     except (UninstallError, kube.KubeError) as e:
         logging.getLogger(__name__).error("uninstall failed: %s", e)

@@ -163,3 +163,20 @@ def test_the_command_names_a_missing_flag_and_fails_on_a_held_lease(
     code = main(["uninstall", "--kubeconfig", str(api.kubeconfig_path), "--operator-namespace",
                  OPERATOR_NAMESPACE, "--operator-deployment", "op", "--wait-seconds", "0"])  # fmt: skip
     assert code == 1
+
+
+def test_the_command_refuses_a_bad_name_and_a_missing_kubeconfig_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    from modelswap_api.cli import main
+
+    odd = "a\x1b]0;pwn\x07"
+    assert main(["uninstall", "--release", odd, "--operator-namespace", "ns"]) == 2
+    err = capsys.readouterr().err
+    assert "--release: 'a\\x1b]0;pwn\\x07' is not a valid name" in err and "\x1b" not in err
+    missing = str(tmp_path / "nowhere")
+    code = main(["uninstall", "--release", "ms", "--operator-namespace", "ns",
+                 "--kubeconfig", missing])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"modelswap uninstall: cannot use {missing}:") and "Traceback" not in err
