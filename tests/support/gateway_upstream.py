@@ -23,6 +23,7 @@ class FakeTriton:
     def __init__(self) -> None:
         self.loaded: set[str] = set()
         self.calls: list[tuple[str, str]] = []  # (path, Host header)
+        self.generate_bodies: list[dict[str, Any]] = []  # generate_stream bodies, as sent
         self.encodings: list[str | None] = []  # Content-Encoding of each request
         self.paced = False
         self.sent_tokens = 0
@@ -110,6 +111,7 @@ class FakeTriton:
     async def _generate_stream(self, request: web.Request) -> web.StreamResponse:
         name = self._model(request)
         body = await request.json()
+        self.generate_bodies.append(body)
         if "text_input" not in body:
             return web.json_response(
                 {"error": f"missing text_input for model '{name}'"}, status=400

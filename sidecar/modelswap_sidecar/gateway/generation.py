@@ -94,3 +94,63 @@ class ResponseCap:
         first past it (the caller ends the generation without passing it on)."""
         self.count += 1
         return self.count <= self.bound
+
+
+# -- sessions: a conversation's KV cache kept by the model between turns -----------------------
+
+#: The header that names a conversation (any route that generates); OpenAI's `user` field
+#: names one too, the header winning when both are given.
+SESSION_HEADER = "X-Modelswap-Session"
+#: The request parameter the model reads the session from (`json.loads(request.parameters())`).
+SESSION_PARAMETER = "session_id"
+#: Longest session id a client may send, in characters.
+MAX_SESSION_CHARS = 256
+
+
+def session_of(header: str | None, given: object, field: str) -> str | None:
+    """The session a request names: the `X-Modelswap-Session` header, else `given` (the
+    OpenAI `user` field or the v2 `parameters.session_id`, named `field`); None: none.
+    A session id is 1 to 256 characters without control characters (400 naming where it
+    came from otherwise)."""
+    if header is not None:
+        return _session_text(header, SESSION_HEADER)
+    if given is None:
+        return None
+    if not isinstance(given, str):
+        raise BadRequestError(f"{field}: must be a string")
+    return _session_text(given, field)
+
+
+def _session_text(value: str, field: str) -> str:
+    if not value:
+        raise BadRequestError(f"{field}: must not be empty")
+    if len(value) > MAX_SESSION_CHARS:
+        raise BadRequestError(
+            f"{field}: at most {MAX_SESSION_CHARS} characters, not {_shown(len(value))}"
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise BadRequestError(f"{field}: must not hold control characters")
+    return value
+
+
+def scoped_session(route: ModelRoute, session: str) -> str:
+    """What the model sees: `namespace/name/session`. Namespaces and model names hold no
+    `/`, so two namespaces' (or models') sessions of one id never meet."""
+    return f"{route.namespace}/{route.name}/{session}"
+
+
+def scope_generate_body(
+    fields: Mapping[str, Any], header: str | None, route: ModelRoute
+) -> dict[str, Any] | None:
+    """A v2 `generate`/`generate_stream` body with its session (the header, else
+    `parameters.session_id`) replaced by the scoped one; None when it names no session
+    (the body goes to Triton as it came)."""
+    parameters = fields.get("parameters")
+    given = parameters.get(SESSION_PARAMETER) if isinstance(parameters, Mapping) else None
+    session = session_of(header, given, f"parameters.{SESSION_PARAMETER}")
+    if session is None:
+        return None
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise BadRequestError("parameters: must be an object")
+    scoped = {**(parameters or {}), SESSION_PARAMETER: scoped_session(route, session)}
+    return {**fields, "parameters": scoped}

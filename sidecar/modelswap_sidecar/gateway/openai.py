@@ -9,6 +9,9 @@ which a python-backend model reads with `json.loads(request.parameters())`:
     stop                                    a string, or a JSON list of strings
     logprobs                                how many alternatives per token (an integer,
                                             0: the chosen token's only), when asked
+    session_id                              the conversation's session, scoped
+                                            `namespace/name/id`: the `X-Modelswap-Session`
+                                            header, else `user` (`generation.session_of`)
 
 The gateway itself applies `stop` (`stops.StopScanner`; the model may stop earlier, having
 the parameter too), `echo` and `max_tokens`' bound, so every model honours them. What
@@ -47,6 +50,8 @@ ParameterValue = str | int | float | bool
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
+#: The request parameter naming the conversation's session (`generation.SESSION_PARAMETER`).
+SESSION_ID = "session_id"
 SAMPLING_PARAMETERS = "sampling_parameters"
 _NUMBERS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
 #: OpenAI's own bounds: stop sequences per request; alternatives per token.
@@ -85,12 +90,19 @@ class TextRequest:
     #: alternatives per token when log-probabilities are asked (0: the chosen token's)
     logprobs: int | None = None
     include_usage: bool = False
+    #: OpenAI's `user`: names the conversation's session unless a header does
+    #: (`generation.session_of`).
+    user: str | None = None
 
-    def generate_body(self) -> dict[str, Any]:
-        """The JSON body of `POST /v2/models/{triton name}/generate_stream`."""
+    def generate_body(self, session_id: str | None = None) -> dict[str, Any]:
+        """The JSON body of `POST /v2/models/{triton name}/generate_stream`; `session_id`
+        (already scoped, `generation.scoped_session`) goes in the `session_id` parameter."""
         body: dict[str, Any] = {TEXT_INPUT: self.prompt}
-        if self.parameters:
-            body["parameters"] = dict(self.parameters)
+        parameters = dict(self.parameters)
+        if session_id is not None:
+            parameters[SESSION_ID] = session_id
+        if parameters:
+            body["parameters"] = parameters
         return body
 
     def requirements(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -225,7 +237,11 @@ def _common(body: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     logprobs = _logprobs(body, kind)
     if logprobs is not None:
         parameters["logprobs"] = logprobs
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequestError("user: must be a string")
     return {
+        "user": user,
         "stream": stream,
         "max_tokens": max_tokens,
         "parameters": parameters,

@@ -13,6 +13,11 @@ generation is cancelled). A request asking what only the model can do (sampling 
 log-probabilities, streamed usage) is checked against its configuration first
 (`openai.check_support`). The OpenAI `model` may be written `namespace/name`.
 
+Sessions (`generation.session_of`): the `X-Modelswap-Session` header, else OpenAI's `user`,
+names the conversation; the model gets it scoped, `namespace/name/id`, in the request
+parameter `session_id` (a model that keeps KV per session, as tinyllama does, reuses the
+conversation's prefix on the next turn).
+
 Bounds (`generation`): `max_tokens` above the model's `spec.gateway.maxTokens` and a
 prompt (chat: the rendered messages) longer than its `maxPromptBytes` are 400
 `GenerationBound` before any swap-in; a request without `max_tokens` is ended with
@@ -102,6 +107,10 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
     generation.check_max_tokens(text_request.max_tokens, route)
     prompt_field = "prompt" if text_request.kind == "completion" else "messages"
     generation.check_prompt(generation.utf8_bytes(text_request.prompt), route, prompt_field)
+    session = generation.session_of(
+        request.headers.get(generation.SESSION_HEADER), text_request.user, "user"
+    )
+    session_id = None if session is None else generation.scoped_session(route, session)
     cap = generation.ResponseCap(route)
     exchange = Exchange(
         call, route, progress=wants_progress(request, streaming=text_request.stream)
@@ -114,7 +123,7 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
             config = await model_config(exchange)
             openai.check_support(text_request, config, route.name)
         async with await exchange.forward(
-            "POST", "/generate_stream", json_body=text_request.generate_body()
+            "POST", "/generate_stream", json_body=text_request.generate_body(session_id)
         ) as answer:
             if answer.status != 200:
                 raw = rename_json(await gw.upstream.read(answer), route.triton_name, route.name)

@@ -31,7 +31,9 @@ wrong): an inference request's inputs against the bytes the body carries for the
 (`tensors.parse_infer`: Triton sizes its buffers from `shape` before reading the data, and
 one request's shape took it down), and a generate request is a JSON object whose
 `text_input` and `max_tokens` keep the model's bounds (`generation`; a generate_stream
-without `max_tokens` ends after `maxTokens` responses). Then, once
+without `max_tokens` ends after `maxTokens` responses); the session it names
+(`X-Modelswap-Session`, else `parameters.session_id`) is sent scoped to the model's
+namespace and name (`generation.scope_generate_body`). Then, once
 the model's configuration is known (`config_reads.model_config`: read while Triton holds the
 model, else after its swap-in), the inputs against its `dims` and `max_batch_size`
 (`tensors.check_config`). When Triton's connection breaks while it holds a request, the
@@ -43,7 +45,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -280,10 +283,20 @@ async def _generate(call: Call) -> web.StreamResponse:
     body = await _read_body(call.gw, call.request)
     fields = tensors.json_object(body, "the request's JSON")
     generation.check_generate_body(fields, route)
+    body = _scoped(call, fields, route, body)
     return await _whole(
         call, route, "/generate", body,
         lambda shape: tensors.check_generate_config(fields, shape, route.name),
     )  # fmt: skip
+
+
+def _scoped(call: Call, fields: Mapping[str, Any], route: ModelRoute, body: bytes) -> bytes:
+    """The generate body with the session it names (`X-Modelswap-Session`, else
+    `parameters.session_id`) scoped to the model's namespace and name
+    (`generation.scope_generate_body`); as it came when it names none."""
+    header = call.request.headers.get(generation.SESSION_HEADER)
+    scoped = generation.scope_generate_body(fields, header, route)
+    return body if scoped is None else json.dumps(scoped).encode()
 
 
 async def _check_inputs(exchange: Exchange, check: Callable[[tensors.ModelShape], None]) -> None:
@@ -374,6 +387,7 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
     body = await _read_body(gw, request)
     fields = tensors.json_object(body, "the request's JSON")
     generation.check_generate_body(fields, route)
+    body = _scoped(call, fields, route, body)
     cap = generation.ResponseCap(route)
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
     try:
