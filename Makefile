@@ -94,6 +94,11 @@ bench-operator: setup ## the real operator, 2,000 ModelDeployments over 100 fake
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.render
 
+.PHONY: bench-kv
+bench-kv: setup ## a Llama's KV in the tiered pool: HBM KV bytes vs sequence length with/without offloadAfterTokens, continuing a 2,000-token conversation after a preserve/discard swap vs none (~3 min; BENCH_KV_ARGS="--backend cuda-vmm" on a GPU); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.kv $(BENCH_KV_ARGS)
+	$(BIN)/python -m bench.render
+
 .PHONY: bench-operator-profile
 bench-operator-profile: setup ## the same run with the operator and the emulator under cProfile: where the time to Ready goes (~10 min; not in make bench)
 	$(BIN)/python -m bench.operator_scale --profile
@@ -105,7 +110,7 @@ bench-twin: setup ## the twin check: a seeded scenario run for real in local mod
 	$(BIN)/python -m bench.render
 
 # every bench but the simulator's 30-minute grid (make bench-grid), under 30 minutes here
-bench: bench-swap bench-gateway bench-operator bench-planner bench-sim bench-twin ## run every bench (not bench-grid) and render docs/BENCHMARKS.md
+bench: bench-swap bench-gateway bench-operator bench-planner bench-sim bench-twin bench-kv ## run every bench (not bench-grid) and render docs/BENCHMARKS.md
 
 .PHONY: reliability
 RELIABILITY_TESTS = $(wildcard tests/*/test_reliability_*.py)

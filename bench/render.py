@@ -502,6 +502,128 @@ def _twin_table(doc: dict[str, Any]) -> list[str]:
 _TABLES["twin"] = _twin_table
 
 
+# -- kv (bench/kv.py) -------------------------------------------------------------------------
+
+BENCHES["kv"] = (
+    "make bench-kv (python -m bench.kv)",
+    "a Llama's KV cache in the tiered pool: HBM KV bytes against sequence length with and "
+    "without offloadAfterTokens; continuing a 2,000-token conversation after a swap with "
+    "kv: preserve vs discard (recompute) vs no swap",
+    "any Linux machine (sim); --backend cuda-vmm on an NVIDIA GPU",
+)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3f} MiB"
+
+
+def _kv_table(doc: dict[str, Any]) -> list[str]:
+    """HBM and host KV bytes per sequence length, without and with offloadAfterTokens; the
+    continuation after a swap per scenario; a reading computed from those figures."""
+    sizes = [r for r in doc["results"] if r["name"] == "kv_bytes_at_length"]
+    conts = {
+        r["params"]["scenario"]: r for r in doc["results"] if r["name"] == "continue_after_swap"
+    }
+    off = {
+        r["params"]["sequence_tokens"]: r
+        for r in sizes
+        if r["params"]["offload_after_tokens"] is None
+    }
+    on = {
+        r["params"]["sequence_tokens"]: r
+        for r in sizes
+        if r["params"]["offload_after_tokens"] is not None
+    }
+    offload = next(iter(on.values()))["params"]["offload_after_tokens"] if on else None
+    lines = [
+        "HBM KV bytes against sequence length (the pool's accounting; the agent's view from "
+        "the heartbeats beside it):",
+        "",
+        f"| sequence tokens | HBM, no host tier | HBM, offloadAfterTokens {offload} | host, "
+        f"offloadAfterTokens {offload} | agent's view agrees |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for length in sorted(set(off) | set(on)):
+        cells = []
+        agree = True
+        for row, key in ((off.get(length), "hbm_bytes"), (on.get(length), "hbm_bytes"),
+                         (on.get(length), "host_bytes")):  # fmt: skip
+            cells.append("" if row is None else _mib(row["metrics"][key]))
+        for row in (off.get(length), on.get(length)):
+            if row is not None:
+                m = row["metrics"]
+                agree &= (
+                    m["agent_hbm_bytes"] == m["hbm_bytes"]
+                    and m["agent_host_bytes"] == m["host_bytes"]
+                )
+        lines.append(f"| {length} | {' | '.join(cells)} | {'yes' if agree else '**no**'} |")
+    lines += [
+        "",
+        "Continuing a conversation after a swap (medians; one row per scenario, all run side "
+        "by side in every repetition):",
+        "",
+        "| scenario | median | min to max | x no swap | swap-in | turn | swap-out (not in the "
+        "total) | "
+        "prefix tokens reused | recomputed | tokens right |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in conts.items():
+        m = r["metrics"]
+        lines.append(
+            f"| {name} | {_ms(r['median'])} | {_ms(m['min'])} to {_ms(m['max'])} | "
+            f"{m['ratio_to_no_swap']:.2f} | {_ms(m['swap_in_seconds'])} | "
+            f"{_ms(m['turn_seconds'])} | {_ms(m['swap_out_seconds'])} | "
+            f"{m['reused_tokens']:g} | {m['recomputed_tokens']:g} | "
+            f"{'yes' if m['tokens_right'] else '**no**'} |"
+        )
+    return [*lines, "", *_kv_reading(off, on, offload, conts)]
+
+
+def _kv_reading(
+    off: dict[int, dict[str, Any]],
+    on: dict[int, dict[str, Any]],
+    offload: int | None,
+    conts: dict[str, dict[str, Any]],
+) -> list[str]:
+    """What the figures say, in sentences made from them (never typed by hand)."""
+    lines = []
+    if off and on:
+        longest = max(set(off) & set(on))
+        past = [n for n in on if offload is not None and n >= offload]
+        hbm_on = {on[n]["metrics"]["hbm_bytes"] for n in past}
+        flat = len(hbm_on) == 1
+        m_on, m_off = on[longest]["metrics"], off[longest]["metrics"]
+        lines.append(
+            f"**Reading.** With offloadAfterTokens {offload}, the HBM tier's KV bytes "
+            + (
+                f"stay at {_mib(hbm_on.pop())} from {min(past)} tokens on"
+                if flat and past
+                else "**do not stay flat** past offloadAfterTokens"
+            )
+            + f"; at {longest} tokens HBM holds {_mib(m_on['hbm_bytes'])} against "
+            f"{_mib(m_off['hbm_bytes'])} without a host tier "
+            f"({m_on['hbm_bytes'] / m_off['hbm_bytes']:.0%}), the other "
+            f"{_mib(m_on['host_bytes'])} in the host tier."
+        )
+    if {"no swap", "preserve", "discard"} <= set(conts):
+        base, keep, drop = conts["no swap"], conts["preserve"], conts["discard"]
+        tokens = base["params"]["conversation_tokens"]
+        lines.append(
+            f"Continuing a {tokens:,}-token conversation took {_ms(base['median'])} with no "
+            f"swap, {_ms(keep['median'])} after a preserve swap "
+            f"({keep['metrics']['ratio_to_no_swap']:.2f}x, its prefix reused: "
+            f"{keep['metrics']['recomputed_tokens']:g} tokens recomputed) and "
+            f"{_ms(drop['median'])} after a discard swap "
+            f"({drop['metrics']['ratio_to_no_swap']:.2f}x, "
+            f"{drop['metrics']['recomputed_tokens']:g} prefix tokens recomputed); "
+            "ratios are per repetition, the three run side by side."
+        )
+    return [" ".join(lines), ""]
+
+
+_TABLES["kv"] = _kv_table
+
+
 def load_docs() -> list[dict[str, Any]]:
     docs = []
     for path in RESULTS.glob("*/*.json"):

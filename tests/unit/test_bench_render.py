@@ -73,7 +73,9 @@ def test_benches_without_results_and_the_absence_of_gpu_results_are_stated() -> 
     assert "`gpu-swap`" in missing and "`swap-paced`" in missing and "`planner`" in missing
     assert "make bench-planner" in missing
     assert "- `swap` " not in missing
-    simulated = [{**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid")]
+    simulated = [
+        {**doc("swap"), "bench": name, "results": []} for name in ("sim", "sim-grid", "kv")
+    ]
     simulated += [compare_doc(), gateway_doc(), operator_doc(), twin_doc()]
     simulated.append({**operator_doc(), "bench": "operator-profile"})
     with_gpu = render.render(
