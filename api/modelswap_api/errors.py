@@ -6,6 +6,10 @@ ContractError
 ├── ModelError        a dict does not fit the typed model (names the field path)
 ├── ResourceError     an object failed validation; carries every FieldError
 └── PolicyError       the effective policy (spec over defaults) breaks a rule
+
+KubeError             a Kubernetes API call failed (`modelswap_api.kube`)
+├── NotFound          404
+└── Conflict          409
 """
 
 from __future__ import annotations
@@ -52,3 +56,26 @@ class ResourceError(InvalidFieldsError):
 
 class PolicyError(InvalidFieldsError):
     """The effective policy breaks a rule (after merging spec over defaults)."""
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed (`modelswap_api.kube`); no ContractError: the cluster
+    answered, or did not, whatever the contract says.
+
+    KubeError       `status` is the HTTP status, None when the server was unreachable
+    ├── NotFound    404
+    └── Conflict    409: the object exists already, or a write carried a stale resourceVersion
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):  # noqa: N818 - named after the API's reason
+    pass
+
+
+class Conflict(KubeError):  # noqa: N818
+    pass

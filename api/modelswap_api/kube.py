@@ -3,11 +3,12 @@
 Configuration is explicit — a kubeconfig path, or the in-cluster service account — and the
 returned `ApiClient` is passed down; nothing here reads the environment at import time.
 
-Below them, thin typed helpers for the node agent's heartbeat (Node, SwapNode, Lease) and
-for the operator (ModelDeployments, SwapNodes, Services, EndpointSlices, Secrets, Leases,
-Events): one blocking request each, plain JSON dicts in and out, errors as `KubeError` /
-`NotFound` / `Conflict` (so no other module needs the client's exception types). Callers on
-an event loop run them in a thread (the operator from a bounded pool).
+Below them, one generic create/read/update/delete (`Objects`) over a table of kinds
+(`Kind`), and the helpers callers name (`read_lease`, ...), each one kind's method. Every
+call is one blocking request (`timeout_seconds` bounds it) that answers plain JSON dicts
+and raises `KubeError` / `NotFound` / `Conflict` (`modelswap_api.errors`), never the
+client's exceptions; callers on an event loop run them in a thread. Bodies still pass
+through the client's typed methods, whose models check them before they are sent.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from modelswap_api import crds
+
+# Re-exported: most callers name them as `kube.KubeError`, `kube.NotFound`, `kube.Conflict`.
+from modelswap_api.errors import Conflict as Conflict  # noqa: PLC0414
+from modelswap_api.errors import KubeError as KubeError  # noqa: PLC0414
+from modelswap_api.errors import NotFound as NotFound  # noqa: PLC0414
 
 
 def api_client(kubeconfig: str | None = None, *, context: str | None = None) -> client.ApiClient:
@@ -41,42 +48,32 @@ def custom_objects(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-# Typed helpers for the node agent and the operator. Each is one blocking call that
-# answers plain JSON dicts (no client model classes) and raises `KubeError` (never the
-# client's exceptions, which no other module may import); callers on an event loop run
-# them in a thread. `timeout_seconds` bounds each request.
-
-SWAPNODE_GROUP = crds.GROUP
-SWAPNODE_VERSION = crds.VERSION
-SWAPNODE_PLURAL = "swapnodes"
-MODEL_DEPLOYMENT_PLURAL = "modeldeployments"
 DEFAULT_TIMEOUT_SECONDS = 10.0
+_TIMEOUT = DEFAULT_TIMEOUT_SECONDS
 _JSON_PATCH = "application/json-patch+json"
 # Named on every merge patch: client versions differ in the content type they pick for a
 # dict body (JSON patch, strategic merge), so say which one is meant.
 _MERGE_PATCH = "application/merge-patch+json"
+_Api = client.ApiClient
+_Json = dict[str, Any]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-class KubeError(Exception):
-    """A Kubernetes API call failed.
+@dataclass(frozen=True)
+class Kind:
+    """A kind: how messages name it and which client methods serve it: a custom resource
+    (`group` set) `CustomObjectsApi`'s, a built-in one its typed `api`'s, named after
+    `snake`."""
 
-    KubeError       `status` is the HTTP status, None when the server was unreachable
-    ├── NotFound    404
-    └── Conflict    409: the object exists already, or a write carried a stale resourceVersion
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class NotFound(KubeError):  # noqa: N818 - named after the API's reason
-    pass
-
-
-class Conflict(KubeError):  # noqa: N818
-    pass
+    noun: str  # in messages: "create endpointslice team-a/chat"
+    plural: str
+    namespaced: bool
+    api: Callable[[client.ApiClient], Any] = client.CoreV1Api
+    snake: str = ""  # the typed API's name for it: "endpoint_slice"
+    group: str = ""
+    version: str = ""
+    replace_verb: str = "replace"  # in messages (a Lease replace is a renewal)
 
 
 def _error(e: ApiException, what: str) -> KubeError:
@@ -95,7 +92,7 @@ def _error(e: ApiException, what: str) -> KubeError:
 
 
 def _call(what: str, method: Callable[..., Any], *args: Any, timeout_seconds: float,
-          **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+          **kwargs: Any) -> _Json:  # fmt: skip
     try:
         response = method(*args, _preload_content=False, _request_timeout=timeout_seconds, **kwargs)
     except ApiException as e:
@@ -130,607 +127,208 @@ def _where(e: ValueError) -> str:
     return ", ".join(places) or "invalid value"
 
 
-def _items(listed: dict[str, Any], what: str) -> list[dict[str, Any]]:
-    items = listed.get("items")
-    if not isinstance(items, list):
-        raise KubeError(f"{what}: the answer has no items")
-    return [item for item in items if isinstance(item, dict)]
-
-
-def _or_none(read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+def _done(write: Callable[[], object]) -> bool:
+    """True when `write` succeeded, False when its object was gone (cleanup is idempotent)."""
     try:
-        return read()
-    except NotFound:
-        return None
-
-
-def read_node(
-    api: client.ApiClient, name: str, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-) -> dict[str, Any]:
-    """The Node `name`; NotFound when there is none."""
-    core = client.CoreV1Api(api)
-    return _call(f"get node {name}", core.read_node, name, timeout_seconds=timeout_seconds)
-
-
-def read_swapnode(
-    api: client.ApiClient, name: str, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-) -> dict[str, Any] | None:
-    """The SwapNode `name`, or None."""
-    custom = custom_objects(api)
-    return _or_none(
-        lambda: _call(
-            f"get swapnode {name}",
-            custom.get_cluster_custom_object,
-            SWAPNODE_GROUP,
-            SWAPNODE_VERSION,
-            SWAPNODE_PLURAL,
-            name,
-            timeout_seconds=timeout_seconds,
-        )
-    )
-
-
-def create_swapnode(
-    api: client.ApiClient,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create a SwapNode (its status is ignored: write it with `replace_swapnode_status`)."""
-    name = body.get("metadata", {}).get("name", "")
-    return _call(
-        f"create swapnode {name}",
-        custom_objects(api).create_cluster_custom_object,
-        SWAPNODE_GROUP,
-        SWAPNODE_VERSION,
-        SWAPNODE_PLURAL,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def patch_swapnode(
-    api: client.ApiClient,
-    name: str,
-    merge_patch: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Merge-patch a SwapNode's metadata or spec (e.g. its ownerReferences)."""
-    return _call(
-        f"patch swapnode {name}",
-        custom_objects(api).patch_cluster_custom_object,
-        SWAPNODE_GROUP,
-        SWAPNODE_VERSION,
-        SWAPNODE_PLURAL,
-        name,
-        dict(merge_patch),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def delete_swapnode(
-    api: client.ApiClient,
-    name: str,
-    *,
-    resource_version: str | None = None,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> bool:
-    """Delete a SwapNode: True when this call deleted it, False when it was gone.
-    `resource_version`: only that version (Conflict when it changed meanwhile)."""
-    options = (
-        client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(resource_version=resource_version)
-        )
-        if resource_version
-        else None
-    )
-    try:
-        _call(
-            f"delete swapnode {name}",
-            custom_objects(api).delete_cluster_custom_object,
-            SWAPNODE_GROUP,
-            SWAPNODE_VERSION,
-            SWAPNODE_PLURAL,
-            name,
-            body=options,
-            timeout_seconds=timeout_seconds,
-        )
+        write()
     except NotFound:
         return False
     return True
 
 
-def replace_swapnode_status(
-    api: client.ApiClient,
-    name: str,
-    status: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Set a SwapNode's whole status (a JSON patch `add /status`: keys left out are removed,
-    which a merge patch would keep)."""
-    return _call(
-        f"write swapnode {name} status",
-        custom_objects(api).patch_cluster_custom_object_status,
-        SWAPNODE_GROUP,
-        SWAPNODE_VERSION,
-        SWAPNODE_PLURAL,
-        name,
-        [{"op": "add", "path": "/status", "value": dict(status)}],
-        _content_type=_JSON_PATCH,
-        timeout_seconds=timeout_seconds,
-    )
+class Objects:
+    """The generic CRUD over one `Kind`, each verb one request. `namespace` comes first:
+    None for a cluster-scoped kind (whose helpers drop it), or to list a namespaced custom
+    resource in every namespace."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+
+    def _request(self, api: _Api, verb: str, namespace: str | None, name: str, *body: object,
+                 said: str = "", what: str = "", status: bool = False,
+                 **options: Any) -> _Json:  # fmt: skip
+        """`verb` on the object (its status subresource when `status`); errors say `what`,
+        else `said` (else `verb`) and the object. A custom resource's methods are generic (`get_` +
+        `namespaced_custom_object(group, version, namespace, plural, name)`), a built-in
+        kind's typed (`read_namespaced_service(name, namespace)`)."""
+        kind, tail = self.kind, "_status" if status else ""
+        names = [name] if verb not in ("create", "list") else []
+        spaces = [namespace] if namespace is not None else []
+        if kind.group:
+            scope = "namespaced" if namespace is not None else "cluster"
+            verb_ = "get" if verb == "read" else verb
+            method = getattr(client.CustomObjectsApi(api), f"{verb_}_{scope}_custom_object{tail}")
+            args = [kind.group, kind.version, *spaces, kind.plural, *names]
+        else:
+            scope = "namespaced_" if kind.namespaced else ""
+            method = getattr(kind.api(api), f"{verb}_{scope}{kind.snake}{tail}")
+            args = names + spaces
+        where = f"{namespace}/{name}" if namespace is not None else name
+        what = what or f"{said or verb} {kind.noun} {where}" + (" status" if status else "")
+        return _call(what, method, *args, *body, **options)
+
+    def get(self, api: _Api, namespace: str | None, name: str, *,
+            timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
+        """The object; NotFound when there is none."""
+        return self._request(api, "read", namespace, name, said="get",
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def read(self, api: _Api, namespace: str | None, name: str, *,
+             timeout_seconds: float = _TIMEOUT) -> _Json | None:  # fmt: skip
+        """The object, or None."""
+        try:
+            return self.get(api, namespace, name, timeout_seconds=timeout_seconds)
+        except NotFound:
+            return None
+
+    def create(self, api: _Api, namespace: str | None, body: Mapping[str, Any], *,
+               timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
+        """Create an object (a status in `body` is ignored where the kind has a status
+        subresource); Conflict when it exists. Errors name it (its name, else its
+        `generateName`), never its data. An Event: give it a unique name or generateName."""
+        metadata = body.get("metadata", {})
+        name = metadata.get("name") or metadata.get("generateName", "")
+        return self._request(api, "create", namespace, name, dict(body),
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def replace(self, api: _Api, namespace: str | None, body: Mapping[str, Any], *,
+                timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
+        """Replace an object (PUT); Conflict when `body`'s resourceVersion is stale."""
+        name, said = body["metadata"]["name"], self.kind.replace_verb
+        return self._request(api, "replace", namespace, name, dict(body), said=said,
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def patch(self, api: _Api, namespace: str | None, name: str, merge_patch: Mapping[str, Any],
+              *, timeout_seconds: float = _TIMEOUT, said: str = "") -> _Json:  # fmt: skip
+        """Merge-patch an object; its status subresource, which the main resource ignores,
+        is written by `patch_status`. A JSON merge patch, not a strategic one: keys set to
+        None are removed, keys left out kept, lists (`finalizers`, a Service's `ports`)
+        replaced whole, so send them complete. NotFound when the object is gone."""
+        return self._request(api, "patch", namespace, name, dict(merge_patch), said=said,
+                             _content_type=_MERGE_PATCH,
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def patch_status(self, api: _Api, namespace: str, name: str, merge_patch: Mapping[str, Any],
+                     *, timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
+        """`patch` the status subresource: `merge_patch` is the whole object's shape
+        (`{"status": {...}}`); conditions, a list, are replaced whole."""
+        return self._request(api, "patch", namespace, name, dict(merge_patch), status=True,
+                             _content_type=_MERGE_PATCH,
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def replace_status(self, api: _Api, namespace: str | None, name: str,
+                       status: Mapping[str, Any], *,
+                       timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
+        """Set an object's whole status (a JSON patch `add /status`: keys left out are
+        removed, which a merge patch would keep)."""
+        body = [{"op": "add", "path": "/status", "value": dict(status)}]
+        return self._request(api, "patch", namespace, name, body, said="write", status=True,
+                             _content_type=_JSON_PATCH,
+                             timeout_seconds=timeout_seconds)  # fmt: skip
+
+    def delete(self, api: _Api, namespace: str | None, name: str, *,
+               resource_version: str | None = None,
+               timeout_seconds: float = _TIMEOUT) -> bool:  # fmt: skip
+        """Delete an object: True when this call deleted it, False when it was gone.
+        `resource_version`: only that version (Conflict when it changed meanwhile)."""
+        options: dict[str, Any] = {}
+        if resource_version:
+            preconditions = client.V1Preconditions(resource_version=resource_version)
+            options["body"] = client.V1DeleteOptions(preconditions=preconditions)
+        return _done(lambda: self._request(api, "delete", namespace, name,
+                                           timeout_seconds=timeout_seconds, **options))  # fmt: skip
+
+    def list(self, api: _Api, namespace: str | None, *,
+             timeout_seconds: float = _TIMEOUT) -> list[_Json]:  # fmt: skip
+        """Every object in `namespace`, or in every namespace when None (one page)."""
+        what = f"list {self.kind.plural}"
+        what += f" in {namespace or 'every namespace'}" if self.kind.namespaced else ""
+        listed = self._request(api, "list", namespace, "", what=what,
+                               timeout_seconds=timeout_seconds)  # fmt: skip
+        if not isinstance(items := listed.get("items"), list):
+            raise KubeError(f"{what}: the answer has no items")
+        return [item for item in items if isinstance(item, dict)]
+
+    def scale(self, api: _Api, namespace: str, name: str, replicas: int, *,
+              timeout_seconds: float = _TIMEOUT) -> bool:  # fmt: skip
+        """Set `spec.replicas` (a merge patch): True when it was patched, False when there
+        is no such object."""
+        patch = {"spec": {"replicas": replicas}}
+        return _done(lambda: self.patch(api, namespace, name, patch, said="scale",
+                                        timeout_seconds=timeout_seconds))  # fmt: skip
 
 
-def read_lease(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any] | None:
-    """The Lease `namespace/name`, or None."""
-    leases = client.CoordinationV1Api(api)
-    return _or_none(
-        lambda: _call(
-            f"get lease {namespace}/{name}",
-            leases.read_namespaced_lease,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    )
+# The table: the node agent's heartbeat (Node, SwapNode, Lease) and the operator's kinds
+# (Services and EndpointSlices point at the hosting node's gateway; Secrets hold
+# model-source credentials: never log what `read_secret` returns).
+NODES = Objects(Kind("node", "nodes", namespaced=False, snake="node"))
+NAMESPACES = Objects(Kind("namespace", "namespaces", namespaced=False, snake="namespace"))
+SWAPNODES = Objects(Kind("swapnode", "swapnodes", namespaced=False, group=crds.GROUP,
+                         version=crds.VERSION))  # fmt: skip
+MODEL_DEPLOYMENTS = Objects(Kind("modeldeployment", "modeldeployments", namespaced=True,
+                                 group=crds.GROUP, version=crds.VERSION))  # fmt: skip
+LEASES = Objects(Kind("lease", "leases", namespaced=True, api=client.CoordinationV1Api,
+                      snake="lease", replace_verb="renew"))  # fmt: skip
+SERVICES = Objects(Kind("service", "services", namespaced=True, snake="service"))
+ENDPOINT_SLICES = Objects(Kind("endpointslice", "endpointslices", namespaced=True,
+                               api=client.DiscoveryV1Api, snake="endpoint_slice"))  # fmt: skip
+SECRETS = Objects(Kind("secret", "secrets", namespaced=True, snake="secret"))
+EVENTS = Objects(Kind("event", "events", namespaced=True, snake="event"))
+DEPLOYMENTS = Objects(Kind("deployment", "deployments", namespaced=True, api=client.AppsV1Api,
+                           snake="deployment"))  # fmt: skip
 
 
-def create_lease(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create a Lease; Conflict when it exists already."""
-    name = body.get("metadata", {}).get("name", "")
-    return _call(
-        f"create lease {namespace}/{name}",
-        client.CoordinationV1Api(api).create_namespaced_lease,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
+def _named(name: str, method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`method` as a function called `name`: callers label metrics with a helper's
+    `__name__` (`kube_calls{helper="read_lease"}`), and tests' fakes answer by it."""
+
+    def helper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(*args, **kwargs)
+
+    helper.__name__ = helper.__qualname__ = name
+    helper.__doc__ = method.__doc__  # the kind's method's
+    return helper
 
 
-def replace_lease(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Replace a Lease (PUT); Conflict when `body`'s resourceVersion is stale."""
-    name = body["metadata"]["name"]
-    return _call(
-        f"renew lease {namespace}/{name}",
-        client.CoordinationV1Api(api).replace_namespaced_lease,
-        name,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
+def _cluster(name: str, method: Callable[Concatenate[_Api, None, _P], _R]
+             ) -> Callable[Concatenate[_Api, _P], _R]:  # fmt: skip
+    """`_named` for a cluster-scoped kind: no `namespace` argument."""
+
+    def helper(api: _Api, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(api, None, *args, **kwargs)
+
+    helper.__doc__ = method.__doc__
+    return _named(name, helper)
 
 
-def list_leases(
-    api: client.ApiClient,
-    namespace: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> list[dict[str, Any]]:
-    """Every Lease in `namespace` (the node Leases: one read to judge every node's heartbeat)."""
-    what = f"list leases in {namespace}"
-    listed = _call(
-        what,
-        client.CoordinationV1Api(api).list_namespaced_lease,
-        namespace,
-        timeout_seconds=timeout_seconds,
-    )
-    return _items(listed, what)
-
-
-# ModelDeployments (namespaced) and SwapNodes (cluster-scoped), for the operator.
-
-
-def read_model_deployment(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any] | None:
-    """The ModelDeployment `namespace/name`, or None."""
-    custom = custom_objects(api)
-    return _or_none(
-        lambda: _call(
-            f"get modeldeployment {namespace}/{name}",
-            custom.get_namespaced_custom_object,
-            crds.GROUP,
-            crds.VERSION,
-            namespace,
-            MODEL_DEPLOYMENT_PLURAL,
-            name,
-            timeout_seconds=timeout_seconds,
-        )
-    )
-
-
-def patch_model_deployment(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    merge_patch: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Merge-patch a ModelDeployment's metadata (finalizers, annotations); the status is
-    not written here (the main resource ignores it): use `patch_model_deployment_status`.
-    A merge patch replaces lists whole, so send the complete `finalizers`; NotFound when
-    the object is gone."""
-    return _call(
-        f"patch modeldeployment {namespace}/{name}",
-        custom_objects(api).patch_namespaced_custom_object,
-        crds.GROUP,
-        crds.VERSION,
-        namespace,
-        MODEL_DEPLOYMENT_PLURAL,
-        name,
-        dict(merge_patch),
-        _content_type=_MERGE_PATCH,
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def patch_model_deployment_status(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    merge_patch: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Merge-patch a ModelDeployment's status subresource: `merge_patch` is the whole
-    object's shape (`{"status": {...}}`); keys set to None are removed, keys left out
-    are kept, lists (conditions) are replaced whole."""
-    return _call(
-        f"patch modeldeployment {namespace}/{name} status",
-        custom_objects(api).patch_namespaced_custom_object_status,
-        crds.GROUP,
-        crds.VERSION,
-        namespace,
-        MODEL_DEPLOYMENT_PLURAL,
-        name,
-        dict(merge_patch),
-        _content_type=_MERGE_PATCH,
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def list_swapnodes(
-    api: client.ApiClient, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-) -> list[dict[str, Any]]:
-    """Every SwapNode (one page: a cluster has one per GPU node)."""
-    what = "list swapnodes"
-    listed = _call(
-        what,
-        custom_objects(api).list_cluster_custom_object,
-        SWAPNODE_GROUP,
-        SWAPNODE_VERSION,
-        SWAPNODE_PLURAL,
-        timeout_seconds=timeout_seconds,
-    )
-    return _items(listed, what)
-
-
-# Services and EndpointSlices: one of each per ModelDeployment, pointing at the hosting
-# node's gateway.
-
-
-def read_service(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any] | None:
-    """The Service `namespace/name`, or None."""
-    core = client.CoreV1Api(api)
-    return _or_none(
-        lambda: _call(
-            f"get service {namespace}/{name}",
-            core.read_namespaced_service,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    )
-
-
-def create_service(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create a Service; Conflict when it exists already."""
-    name = body.get("metadata", {}).get("name", "")
-    return _call(
-        f"create service {namespace}/{name}",
-        client.CoreV1Api(api).create_namespaced_service,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def patch_service(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    merge_patch: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Merge-patch a Service (a JSON merge patch, not a strategic one: `ports` is replaced
-    whole, so send every port); NotFound when it is gone."""
-    return _call(
-        f"patch service {namespace}/{name}",
-        client.CoreV1Api(api).patch_namespaced_service,
-        name,
-        namespace,
-        dict(merge_patch),
-        _content_type=_MERGE_PATCH,
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def delete_service(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> bool:
-    """Delete a Service: True when this call deleted it, False when it was gone already
-    (cleanup is idempotent, so a missing Service is no error)."""
-    try:
-        _call(
-            f"delete service {namespace}/{name}",
-            client.CoreV1Api(api).delete_namespaced_service,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    except NotFound:
-        return False
-    return True
-
-
-def read_endpoint_slice(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any] | None:
-    """The EndpointSlice (discovery.k8s.io/v1) `namespace/name`, or None."""
-    discovery = client.DiscoveryV1Api(api)
-    return _or_none(
-        lambda: _call(
-            f"get endpointslice {namespace}/{name}",
-            discovery.read_namespaced_endpoint_slice,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    )
-
-
-def create_endpoint_slice(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create an EndpointSlice; Conflict when it exists already."""
-    name = body.get("metadata", {}).get("name", "")
-    return _call(
-        f"create endpointslice {namespace}/{name}",
-        client.DiscoveryV1Api(api).create_namespaced_endpoint_slice,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def replace_endpoint_slice(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Replace an EndpointSlice (PUT: its endpoints and ports are lists a merge patch could
-    only replace whole anyway); Conflict when `body`'s resourceVersion is stale."""
-    name = body["metadata"]["name"]
-    return _call(
-        f"replace endpointslice {namespace}/{name}",
-        client.DiscoveryV1Api(api).replace_namespaced_endpoint_slice,
-        name,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def delete_endpoint_slice(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> bool:
-    """Delete an EndpointSlice: True when this call deleted it, False when it was gone."""
-    try:
-        _call(
-            f"delete endpointslice {namespace}/{name}",
-            client.DiscoveryV1Api(api).delete_namespaced_endpoint_slice,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    except NotFound:
-        return False
-    return True
-
-
-# Secrets (model-source credentials), Events and Namespaces.
-
-
-def read_secret(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any] | None:
-    """The Secret `namespace/name` (values base64-encoded under `data`), or None. Never log
-    what this returns."""
-    core = client.CoreV1Api(api)
-    return _or_none(
-        lambda: _call(
-            f"get secret {namespace}/{name}",
-            core.read_namespaced_secret,
-            name,
-            namespace,
-            timeout_seconds=timeout_seconds,
-        )
-    )
-
-
-def create_secret(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create a Secret; Conflict when it exists already. Errors name the Secret, never its
-    data."""
-    name = body.get("metadata", {}).get("name", "")
-    return _call(
-        f"create secret {namespace}/{name}",
-        client.CoreV1Api(api).create_namespaced_secret,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def create_event(
-    api: client.ApiClient,
-    namespace: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Create a core v1 Event (`involvedObject`, `reason`, `message`, `type`, ...) in the
-    involved object's namespace; give it a unique `metadata.name` or a `generateName`."""
-    metadata = body.get("metadata", {})
-    name = metadata.get("name") or metadata.get("generateName", "")
-    return _call(
-        f"create event {namespace}/{name}",
-        client.CoreV1Api(api).create_namespaced_event,
-        namespace,
-        dict(body),
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def patch_event(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    merge_patch: Mapping[str, Any],
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """Merge-patch a core v1 Event (an Event series' `count` and `lastTimestamp`, as
-    client-go's recorder does); NotFound once the API server expired it (its event TTL)."""
-    return _call(
-        f"patch event {namespace}/{name}",
-        client.CoreV1Api(api).patch_namespaced_event,
-        name,
-        namespace,
-        dict(merge_patch),
-        _content_type=_MERGE_PATCH,
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def read_namespace(
-    api: client.ApiClient, name: str, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-) -> dict[str, Any] | None:
-    """The Namespace `name`, or None (e.g. to tell a missing namespace from a missing
-    object, or to see that a namespace is terminating)."""
-    core = client.CoreV1Api(api)
-    return _or_none(
-        lambda: _call(
-            f"get namespace {name}", core.read_namespace, name, timeout_seconds=timeout_seconds
-        )
-    )
-
-
-def list_model_deployments(
-    api: client.ApiClient,
-    namespace: str | None,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> list[dict[str, Any]]:
-    """Every ModelDeployment in `namespace`, or in every namespace when None (one page: the
-    operator's start-up listing, after which its watch keeps it current)."""
-    custom = custom_objects(api)
-    what = f"list modeldeployments in {namespace or 'every namespace'}"
-    if namespace is None:
-        listed = _call(what, custom.list_cluster_custom_object, crds.GROUP, crds.VERSION,
-                       MODEL_DEPLOYMENT_PLURAL, timeout_seconds=timeout_seconds)  # fmt: skip
-    else:
-        listed = _call(what, custom.list_namespaced_custom_object, crds.GROUP, crds.VERSION,
-                       namespace, MODEL_DEPLOYMENT_PLURAL,
-                       timeout_seconds=timeout_seconds)  # fmt: skip
-    return _items(listed, what)
-
-
-def scale_deployment(
-    api: client.ApiClient,
-    namespace: str,
-    name: str,
-    replicas: int,
-    *,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-) -> bool:
-    """Set a Deployment's `spec.replicas` (a merge patch): True when it was patched, False
-    when there is no such Deployment."""
-    try:
-        _call(
-            f"scale deployment {namespace}/{name}",
-            client.AppsV1Api(api).patch_namespaced_deployment,
-            name,
-            namespace,
-            {"spec": {"replicas": replicas}},
-            _content_type=_MERGE_PATCH,
-            timeout_seconds=timeout_seconds,
-        )
-    except NotFound:
-        return False
-    return True
+# The helpers callers name: each one kind's method.
+read_node = _cluster("read_node", NODES.get)
+read_namespace = _cluster("read_namespace", NAMESPACES.read)
+read_swapnode = _cluster("read_swapnode", SWAPNODES.read)
+create_swapnode = _cluster("create_swapnode", SWAPNODES.create)
+patch_swapnode = _cluster("patch_swapnode", SWAPNODES.patch)
+delete_swapnode = _cluster("delete_swapnode", SWAPNODES.delete)
+replace_swapnode_status = _cluster("replace_swapnode_status", SWAPNODES.replace_status)
+list_swapnodes = _cluster("list_swapnodes", SWAPNODES.list)
+read_model_deployment = _named("read_model_deployment", MODEL_DEPLOYMENTS.read)
+patch_model_deployment = _named("patch_model_deployment", MODEL_DEPLOYMENTS.patch)
+patch_model_deployment_status = _named("patch_model_deployment_status",
+                                       MODEL_DEPLOYMENTS.patch_status)  # fmt: skip
+list_model_deployments = _named("list_model_deployments", MODEL_DEPLOYMENTS.list)
+read_lease = _named("read_lease", LEASES.read)
+create_lease = _named("create_lease", LEASES.create)
+replace_lease = _named("replace_lease", LEASES.replace)
+list_leases = _named("list_leases", LEASES.list)
+read_service = _named("read_service", SERVICES.read)
+create_service = _named("create_service", SERVICES.create)
+patch_service = _named("patch_service", SERVICES.patch)
+delete_service = _named("delete_service", SERVICES.delete)
+read_endpoint_slice = _named("read_endpoint_slice", ENDPOINT_SLICES.read)
+create_endpoint_slice = _named("create_endpoint_slice", ENDPOINT_SLICES.create)
+replace_endpoint_slice = _named("replace_endpoint_slice", ENDPOINT_SLICES.replace)
+delete_endpoint_slice = _named("delete_endpoint_slice", ENDPOINT_SLICES.delete)
+read_secret = _named("read_secret", SECRETS.read)
+create_secret = _named("create_secret", SECRETS.create)
+create_event = _named("create_event", EVENTS.create)
+patch_event = _named("patch_event", EVENTS.patch)
+scale_deployment = _named("scale_deployment", DEPLOYMENTS.scale)
