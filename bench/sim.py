@@ -26,8 +26,9 @@ from typing import Any
 
 from bench import results_schema
 from modelswap_sidecar.simulate import report, traces
+from modelswap_sidecar.simulate.report import PolicyOutcome
 from modelswap_sidecar.simulate.scenario import Scenario, load
-from modelswap_sidecar.simulate.study import PolicyOutcome, Study
+from modelswap_sidecar.simulate.study import Study
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "bench" / "scenarios" / "ref-h100.yaml"

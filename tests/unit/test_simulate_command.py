@@ -14,9 +14,9 @@ from bench.sim import verdict
 from modelswap_api.cli import main
 from modelswap_sidecar.simulate.catalogue import resolve_policies
 from modelswap_sidecar.simulate.errors import ScenarioError
-from modelswap_sidecar.simulate.report import RunSummary
+from modelswap_sidecar.simulate.report import PolicyOutcome, RunSummary
 from modelswap_sidecar.simulate.scenario import load
-from modelswap_sidecar.simulate.study import PolicyOutcome, Study
+from modelswap_sidecar.simulate.study import Study
 from modelswap_sidecar.simulate.traces import Trace
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,8 +23,9 @@ from typing import Any
 
 from modelswap_sidecar.simulate import report, traces
 from modelswap_sidecar.simulate.errors import SimulateError
+from modelswap_sidecar.simulate.report import PolicyOutcome
 from modelswap_sidecar.simulate.scenario import PolicySpec, Scenario, load
-from modelswap_sidecar.simulate.study import PolicyOutcome, Study
+from modelswap_sidecar.simulate.study import Study
 
 EXIT_BAD_INPUT = 2
 

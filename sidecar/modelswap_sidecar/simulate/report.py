@@ -19,11 +19,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from modelswap_sidecar.simulate.engine import RunResult
-    from modelswap_sidecar.simulate.study import PolicyOutcome
+from modelswap_sidecar.simulate.engine import RunResult
 
 HOUR_SECONDS = 3600.0
 
@@ -53,6 +50,17 @@ class RunSummary:
     meets_target: bool
     wall_seconds: float
     simulated_requests_per_second: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyOutcome:
+    """One policy's runs of a study (`study.Study`), lowest GPU count first."""
+
+    policy: str
+    kind: str
+    runs: tuple[RunSummary, ...]
+    #: the fewest GPUs whose run met the target (None: none up to maxGpus did)
+    fewest_gpus: int | None
 
 
 def quantile(waits: Sequence[float], requests: int, unserved: int, q: float) -> float:

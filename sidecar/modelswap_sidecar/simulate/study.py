@@ -12,7 +12,6 @@ import dataclasses
 import math
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from modelswap_api.policy import EffectivePolicy
 from modelswap_sidecar.policy.kv import host_bytes_needed
@@ -25,19 +24,10 @@ from modelswap_sidecar.simulate.policies import (
     Modelswap,
     SimPolicy,
 )
-from modelswap_sidecar.simulate.report import RunSummary, dense_waits, summarize
+from modelswap_sidecar.simulate.report import PolicyOutcome, RunSummary, dense_waits, summarize
 from modelswap_sidecar.simulate.scenario import PolicySpec, Scenario, policy_settings
 from modelswap_sidecar.simulate.traces import Trace
 from modelswap_sidecar.simulate.workingset import over_budget_arrivals
-
-
-@dataclass(frozen=True, kw_only=True)
-class PolicyOutcome:
-    policy: str
-    kind: str
-    runs: tuple[RunSummary, ...]
-    #: the fewest GPUs whose run met the target (None: none up to maxGpus did)
-    fewest_gpus: int | None
 
 
 def build_policy(spec: PolicySpec, scenario: Scenario) -> SimPolicy:
