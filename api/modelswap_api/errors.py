@@ -9,7 +9,8 @@ ContractError
 
 KubeError             a Kubernetes API call failed (`modelswap_api.kube`)
 ├── NotFound          404
-└── Conflict          409
+├── Conflict          409
+└── KubeConfigError   the kubeconfig, or the in-cluster config, cannot be used
 """
 
 from __future__ import annotations
@@ -79,3 +80,8 @@ class NotFound(KubeError):  # noqa: N818 - named after the API's reason
 
 class Conflict(KubeError):  # noqa: N818
     pass
+
+
+class KubeConfigError(KubeError):
+    """`kube.api_client` cannot use the kubeconfig or the in-cluster config (the client's
+    own error, whose text this carries, is the cause)."""

@@ -22,24 +22,31 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from modelswap_api import crds
 
 # Re-exported: most callers name them as `kube.KubeError`, `kube.NotFound`, `kube.Conflict`.
 from modelswap_api.errors import Conflict as Conflict  # noqa: PLC0414
+from modelswap_api.errors import KubeConfigError
 from modelswap_api.errors import KubeError as KubeError  # noqa: PLC0414
 from modelswap_api.errors import NotFound as NotFound  # noqa: PLC0414
 
 
 def api_client(kubeconfig: str | None = None, *, context: str | None = None) -> client.ApiClient:
-    """An ApiClient from `kubeconfig` (path), or the in-cluster config when None."""
+    """An ApiClient from `kubeconfig` (path), or the in-cluster config when None;
+    KubeConfigError (the client's text) when that cannot be used, OSError when the file
+    cannot be read."""
     configuration = client.Configuration()
-    if kubeconfig is None:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context, client_configuration=configuration
-        )
+    try:
+        if kubeconfig is None:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+    except ConfigException as e:
+        raise KubeConfigError(str(e)) from e
     return client.ApiClient(configuration)
 
 

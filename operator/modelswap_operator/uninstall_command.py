@@ -20,9 +20,8 @@ import re
 import sys
 from typing import Any
 
-from kubernetes.config.config_exception import ConfigException
-
 from modelswap_api import kube
+from modelswap_api.errors import KubeConfigError
 from modelswap_api.logs import configure_logging
 from modelswap_operator.uninstall import Target, Uninstaller, UninstallError
 
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     kubeconfig = args.kubeconfig or os.environ.get(ENV_PREFIX + "KUBECONFIG") or None
     try:
         api_client = kube.api_client(kubeconfig)
-    except (ConfigException, OSError) as e:
+    except (KubeConfigError, OSError) as e:
         where = kubeconfig or "the in-cluster config"
         sys.stderr.write(f"modelswap uninstall: cannot use {where}: {e}\n")
         return 2

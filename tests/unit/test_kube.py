@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from modelswap_api import crds, kube
+from modelswap_api.errors import KubeConfigError
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, load_yaml
 
@@ -29,6 +30,19 @@ def test_api_client_reads_an_explicit_kubeconfig(tmp_path: Path) -> None:
     assert api.configuration.host == "http://127.0.0.1:6553"
     assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer t0ken"
     assert kube.custom_objects(api).api_client is api
+
+
+def test_an_unusable_config_is_a_kube_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Callers catch it without importing the client's exception (only kube may).
+    with pytest.raises(kube.KubeError) as raised:
+        kube.api_client(str(tmp_path / "missing"))
+    assert type(raised.value).__name__ == "KubeConfigError" and raised.value.status is None
+    assert "No configuration found" in str(raised.value)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeConfigError, match="Service host/port is not set"):
+        kube.api_client(None)
 
 
 def test_each_helper_is_named_as_callers_name_it() -> None:
