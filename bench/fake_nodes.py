@@ -31,13 +31,13 @@ from modelswap_api.control import DesiredEntry, EntryResult
 from modelswap_api.models import GpuStatus, HostedModel, Link
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 from modelswap_sidecar.heartbeat.cluster import KubeNodeCluster
 from modelswap_sidecar.heartbeat.heartbeat import Heartbeat
 from modelswap_sidecar.heartbeat.report import NodeReport
 from modelswap_sidecar.heartbeat.settings import HeartbeatSettings
+from tests.support.memory_backend import InMemoryBackend
 
 GIB = 1 << 30
 GPUS_PER_NODE = 8

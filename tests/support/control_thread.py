@@ -11,9 +11,9 @@ from typing import Any
 
 from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.memory_backend import InMemoryBackend
 
 
 class ControlThread:

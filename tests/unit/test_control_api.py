@@ -29,10 +29,10 @@ from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
 from modelswap_sidecar.control.certificate import self_signed
 from modelswap_sidecar.control.errors import RevisionStoreError
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.revisions import RevisionStore
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.memory_backend import InMemoryBackend
 from tests.support.waiting import until_on_loop
 
 GiB = 1 << 30

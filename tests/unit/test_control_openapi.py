@@ -19,9 +19,9 @@ from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.policy import effective_policy
 from modelswap_sidecar.control.app import make_app, openapi_text
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.memory_backend import InMemoryBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = ROOT / "docs" / "control-api.openapi.yaml"

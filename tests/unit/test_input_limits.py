@@ -23,10 +23,10 @@ from modelswap_api.validate_command import validate_paths
 from modelswap_api.yaml_input import YamlInputError, load_text
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
 from modelswap_sidecar.local.manifests import read_folder
+from tests.support.memory_backend import InMemoryBackend
 
 pytestmark = pytest.mark.timeout(30)
 

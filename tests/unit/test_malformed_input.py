@@ -25,9 +25,9 @@ from modelswap_api.json_input import JsonInputError, loads_bounded, nesting_exce
 from modelswap_api.wire import Message, Op, Peer, ProtocolError
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.memory_backend import InMemoryBackend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,9 +20,9 @@ import pytest
 from modelswap_api.control import MAX_ENTRIES
 from modelswap_sidecar.control.app import make_app, start
 from modelswap_sidecar.control.auth import TokenFile
-from modelswap_sidecar.control.memory_backend import InMemoryBackend
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
+from tests.support.memory_backend import InMemoryBackend
 from tests.support.reliability import record
 from tests.support.waiting import until_on_loop
 from tests.unit.test_control_api import AUTH, desired, entry

@@ -2,8 +2,8 @@
 
 The control layer owns revisions, fencing, identity and generation checks and the grace
 period for models missing from the set; the backend owns the models. The real agent
-implements this; `InMemoryBackend` (`memory_backend.py`) is the reference for tests and
-for the operator's tests against a real control server.
+implements this; `InMemoryBackend` (`tests/support/memory_backend.py`) is the reference
+for tests and for the operator's tests against a real control server.
 """
 
 from __future__ import annotations
