@@ -383,13 +383,21 @@ class Swapper:
 
     def reload_locked(self, m: ModelRecord, victims: Sequence[str] = ()) -> None:
         """DROPPED/FAILED → LOADING: fresh chunks at the old addresses; the runtime loads
-        the weights from the source again and commits (a swap-in never sees a host copy)."""
+        the weights from the source again and commits (a swap-in never sees a host copy).
+        A reload that fails (no room: NoCapacity; a client refusing its map) has undone what
+        it mapped (`bring_in`) and leaves the model as it was, DROPPED or FAILED, so a
+        later swap-in tries again; LOADING would claim memory it does not hold."""
         live = m.live_instances()
         if not live:
             raise WrongState(f"model {m.name} has no connected instance to reload into")
+        before = m.state
         m.epoch += 1
-        self.table.set_state(m, S.LOADING, f"reloading from the source after {m.state}")
-        self.bring_in(m, live, track_states=False, victims=victims)
+        self.table.set_state(m, S.LOADING, f"reloading from the source after {before}")
+        try:
+            self.bring_in(m, live, track_states=False, victims=victims)
+        except BaseException as ex:
+            self.table.set_state(m, before, f"reload from the source failed: {ex}")
+            raise
         m.last_used = time.monotonic()
         self.table.persist()
 
