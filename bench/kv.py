@@ -19,6 +19,10 @@ client is this process too, vouched for by pid, as tests/gpu/test_gpu_kv_cache.p
    store's counters (what the heartbeats carry to the agent's metrics), and every
    continuation's tokens are checked against plain transformers with no cache tricks.
 
+Needs torch and transformers 5.x (the `cache` argument; the bench stops when the pool
+stays empty, as it does under 4.x, which takes `cache` silently). `managed` is no choice:
+no engine allocator serves it (the managed mapper is in-process only).
+
 Batch shaping (issue 29, item 5) is not built, so its figures are not measured here.
 
 SIGTERM and SIGINT end the run cleanly (the engine closed, the scratch folder removed).
@@ -216,6 +220,19 @@ class World:
         host = (pool.host_blocks - pool.host_blocks_free) * pool.block_bytes
         return hbm, host
 
+    def check_cached(self, sid: str, tokens: int) -> None:
+        """The pool holds `tokens` of session `sid`: the model wrote its K/V through the
+        pool cache. A transformers without the `cache` argument (4.x names it
+        `past_key_values`) takes the keyword silently and leaves the pool empty, and every
+        byte figure would read 0: refuse that instead of recording it."""
+        held = int(self.kv.pool.tokens(sid))
+        if held != tokens:
+            raise RuntimeError(
+                f"{self.name}: the pool holds {held} tokens of {sid}, not {tokens}: the model "
+                "did not write its K/V through the pool cache (transformers 5.x, with the "
+                "`cache` argument, is needed)"
+            )
+
     def agent_kv(self) -> dict[str, int]:
         """What the agent holds from this model's heartbeats, once it equals what the store
         reports now (the heartbeats run every 0.1 s); raises when it never does."""
@@ -255,6 +272,7 @@ def sweep(world: World, lengths: list[int], offload: int | None) -> list[dict[st
             held = turn.cache.tokens
             world.model(input_ids=ids[:, held:length], cache=turn.cache, use_cache=True)
             turn.keep(ids[:, :length])
+        world.check_cached("sweep", length)
         hbm, host = world.tier_bytes()
         agent = world.agent_kv()
         stats = world.store.stats()
@@ -328,6 +346,7 @@ def continue_once(
     with world.store.turn(sid, first_ids, world.model) as turn:
         first = _generate(world, first_ids, turn.cache, new)
         turn.keep(first)
+    world.check_cached(sid, first.shape[1] - 1)  # the last token's K/V is never computed
     swap_out_seconds = 0.0
     if scenario != "no swap":
         started = time.perf_counter()

@@ -509,7 +509,7 @@ BENCHES["kv"] = (
     "a Llama's KV cache in the tiered pool: HBM KV bytes against sequence length with and "
     "without offloadAfterTokens; continuing a 2,000-token conversation after a swap with "
     "kv: preserve vs discard (recompute) vs no swap",
-    "any Linux machine (sim); --backend cuda-vmm on an NVIDIA GPU",
+    "any Linux machine with torch and transformers 5.x (sim); --backend cuda-vmm on an NVIDIA GPU",
 )
 
 

@@ -186,6 +186,20 @@ def test_the_bench_refuses_an_agent_that_never_shows_the_pools_figures(
     assert world.agent_kv() == want
 
 
+def test_the_bench_refuses_a_model_that_bypassed_the_pool_cache() -> None:
+    """A transformers that ignores the `cache` keyword leaves the pool empty: the bench
+    stops rather than record 0 bytes (seen on a GPU machine with transformers 4.x)."""
+    world = object.__new__(kv.World)
+    world.name = "m"
+    held = {"s": 0}
+    pool = type("Pool", (), {"tokens": lambda self, sid: held[sid]})()
+    world.kv = type("Kv", (), {"pool": pool})()
+    with pytest.raises(RuntimeError, match="did not write its K/V through the pool cache"):
+        world.check_cached("s", 64)
+    held["s"] = 64
+    world.check_cached("s", 64)
+
+
 @pytest.mark.parametrize(
     "argv", [["--repeats", "0"], ["--conversation-tokens", "4", "--new-tokens", "8"],
              ["--backend", "managed"], ["--lengths", "0,16"], ["--lengths", "16,x"]],
