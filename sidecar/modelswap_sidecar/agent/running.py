@@ -42,7 +42,10 @@ from modelswap_sidecar.agent.loop_lag import watch_loop_lag
 from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.agent.ports.cluster_heartbeat import node_heartbeat
 from modelswap_sidecar.agent.ports.desired_file import load_entries
-from modelswap_sidecar.agent.ports.drain_ends import end_requests_on_overdue_drains
+from modelswap_sidecar.agent.ports.drain_ends import (
+    drain_reloads_through_gateway,
+    end_requests_on_overdue_drains,
+)
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
 from modelswap_sidecar.agent.settings import AgentSettings
 from modelswap_sidecar.control.app import make_app
@@ -236,6 +239,13 @@ async def _serve_gateway(agent: Agent) -> web.BaseRunner:
         app,
         asyncio.get_running_loop(),
         agent.settings.policy.drain_timeout_seconds,
+    )
+    # and a reload drains them as a swap-out does before it unloads the model
+    drain_reloads_through_gateway(
+        agent.actuator,
+        app,
+        agent.settings.policy.drain_timeout_seconds,
+        agent.engine.settings.drain_end_grace_seconds,
     )
     try:
         return await start_gateway(app)

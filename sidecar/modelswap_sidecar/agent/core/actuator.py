@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from modelswap_api.control import ActionResult
@@ -30,6 +31,7 @@ from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
 from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
+from modelswap_sidecar.agent.core.reload_drain import ReloadDrain, drain
 from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.engine.core import Engine
@@ -62,6 +64,22 @@ def link_bytes_per_second(link: Link | None) -> float:
     """The measured host-to-device bandwidth of `link` (GB/s → bytes/s), else the default."""
     gbps = link.host_to_device_gbps if link is not None else None
     return gbps * 1e9 if gbps else UNMEASURED_LINK_BYTES_PER_SECOND
+
+
+@dataclass
+class _Reload:
+    """A reload under way (`Actuator.reload`): those asked meanwhile join it."""
+
+    keep_host_copy: bool
+    done: asyncio.Future[ActionResult]
+    #: it holds the model's new requests (the gateway queues them) and drains the rest
+    holding: bool = False
+    #: it has decided about the host copy: a join asking to drop it comes too late
+    decided: bool = False
+
+    def takes(self, keep_host_copy: bool) -> bool:
+        """A reload asked with `keep_host_copy` can join this one."""
+        return keep_host_copy or not self.keep_host_copy or not self.decided
 
 
 def labels_of(model: AgentModel) -> ModelLabels:
@@ -120,6 +138,11 @@ class Actuator:
         #: by UID: why the agent ended the model's runtime process (`agent/core/
         #: unresponsive.py`), said when the model is loaded again (`ProcessUnresponsive`)
         self.ended_runtimes: dict[str, str] = {}
+        #: by UID: the reload under way, which later ones join
+        self._reloads: dict[str, _Reload] = {}
+        #: how a reload drains its model's requests (the gateway's, `drain_reloads_with`);
+        #: None: no gateway, nothing in flight to drain
+        self.reload_drain: ReloadDrain | None = None
 
     # -- swap events and waiting -------------------------------------------------------------
 
@@ -552,14 +575,67 @@ class Actuator:
 
     # -- reloading from the source ---------------------------------------------------------
 
+    def drain_reloads_with(self, reload_drain: ReloadDrain) -> None:
+        """Have each reload drain its model's requests through `reload_drain` first."""
+        self.reload_drain = reload_drain
+
+    def held(self, uid: str) -> bool:
+        """A reload holds the model: its new requests wait (the gateway queues them)."""
+        under_way = self._reloads.get(uid)
+        return under_way is not None and under_way.holding
+
     async def reload(self, model: AgentModel, *, keep_host_copy: bool, why: str) -> ActionResult:
-        """Load the model again from its source (local mode: its files changed). Out of
-        Triton first (its processes exit; the engine keeps the host copy), the host copy
-        then dropped unless `keep_host_copy` (a kept copy is restored on attach, and the
-        client binds it only while its layout fingerprint matches), then pending: placed
-        and loaded as any model (`reconcile`, now). A failed model is retried at once.
+        """Load the model again from its source (local mode: its files changed). It drains
+        first, as a swap-out does (`reload_drain`): new requests are held (queued in the
+        gateway, served once it is loaded again) and those in flight are waited for, at
+        most `policy.drainTimeoutSeconds`, then ended (503 `DrainDeadline`). Then out of
+        Triton (its processes exit; the engine keeps the host copy), the host copy
+        dropped unless `keep_host_copy` (a kept copy is restored on attach, and the client
+        binds it only while its layout fingerprint matches), then pending: placed and
+        loaded as any model (`reconcile`, now). A failed model is retried at once.
         `unchanged` for a model that holds nothing to reload: not loaded yet (its load
-        reads the files), or dropped (its next swap-in does)."""
+        reads the files), or dropped (its next swap-in does).
+
+        One reload per model at a time: one asked while another is under way (draining
+        or unloading) joins it and is answered with its outcome; one asking to drop the
+        host copy makes it drop it, unless it already kept it (then it runs after)."""
+        while (under_way := self._reloads.get(model.uid)) is not None:
+            if under_way.takes(keep_host_copy):
+                under_way.keep_host_copy = under_way.keep_host_copy and keep_host_copy
+                result = await asyncio.shield(under_way.done)
+                joined = f"joined the reload under way: {result.message or result.reason}"
+                return ActionResult(
+                    uid=result.uid, outcome=result.outcome, reason=result.reason, message=joined
+                )
+            await asyncio.shield(under_way.done)
+        under_way = _Reload(keep_host_copy, asyncio.get_running_loop().create_future())
+        self._reloads[model.uid] = under_way
+        # its own task: a caller that goes away (the control API's client) cancels only
+        # its wait, never a reload that others joined or a drain half done
+        self.spawn(self._run_reload(model, under_way, why), f"reload-{model.uid}")
+        return await asyncio.shield(under_way.done)
+
+    async def _run_reload(self, model: AgentModel, under_way: _Reload, why: str) -> None:
+        try:
+            under_way.done.set_result(await self._reload(model, under_way, why))
+        except asyncio.CancelledError:  # the agent is stopping
+            under_way.done.set_result(
+                ActionResult(
+                    uid=model.uid,
+                    outcome="refused",
+                    reason="ReloadInterrupted",
+                    message="the agent is stopping",
+                )
+            )
+            raise
+        except Exception as e:
+            under_way.done.set_exception(e)
+        finally:
+            under_way.holding = False
+            del self._reloads[model.uid]
+            self.notify()  # requests it held look again
+
+    async def _reload(self, model: AgentModel, under_way: _Reload, why: str) -> ActionResult:
         async with self.lock_of(model.uid):
             if model.serving in (Serving.PENDING, Serving.DEFERRED, Serving.LOADING):
                 return ActionResult(
@@ -578,12 +654,17 @@ class Actuator:
             if model.serving not in (Serving.LOADED, Serving.FAILED):
                 return ActionResult(uid=model.uid, outcome="refused", reason=str(model.serving))
             if model.serving is Serving.LOADED:
+                under_way.holding = True
+                if self.reload_drain is not None:
+                    await drain(model, self.reload_drain, clock=self.clock, changed=self.changed)
                 try:
                     await self.loader.unload(model)
                 except TritonError as e:
                     return ActionResult(
                         uid=model.uid, outcome="refused", reason="UnloadFailed", message=str(e)
                     )
+            under_way.decided = True
+            keep_host_copy = under_way.keep_host_copy
             if not keep_host_copy:
                 with contextlib.suppress(UnknownModel):
                     await asyncio.to_thread(self.engine.remove_model, model.triton_name)
@@ -591,8 +672,10 @@ class Actuator:
             kept = "host copy kept" if keep_host_copy else "host copy dropped"
             self._mark_for_reload(model, "Reloading", f"{why} ({kept})")
             model.message = f"{why}; loading it again ({kept})"
-        self.notify()
+        # placed (LOADING) before the hold ends, so held requests wait for that load
         self.reconcile(order=[model])
+        under_way.holding = False
+        self.notify()
         log.info("model %s: %s; loading it again (%s)", model.uid, why, kept)
         return ActionResult(uid=model.uid, outcome="completed", reason="Reloading")
 

@@ -11,6 +11,10 @@ connections to Triton close, Triton cancels them (`request.is_cancelled()`), the
 get 503 `DrainDeadline` with Retry-After, and the drain completes within the engine's
 `drain_end_grace_seconds`. The engine knows nothing of the gateway: this module wires
 the two.
+
+A reload drains the same way (`agent.core.reload_drain`): `GatewayRequests` tells the
+actuator how many of a model's requests wait in the gateway's queue, and ends those at
+Triton with the same `end_requests`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.reload_drain import ReloadDrain
 from modelswap_sidecar.engine.core import Engine
 from modelswap_sidecar.gateway.app import GatewayApp
 
@@ -42,3 +48,29 @@ def end_requests_on_overdue_drains(
             log.info("no gateway to end %s's requests: the agent is stopping", triton_name)
 
     engine.on_drain_overdue(overdue)
+
+
+class GatewayRequests:
+    """`reload_drain.HeldRequests` over the agent's gateway (same event loop)."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self.app = app
+
+    def queued(self, uid: str) -> int:
+        return self.app.gateway.queues.depth(uid)
+
+    def end(self, triton_name: str, why: str) -> int:
+        return self.app.end_requests(triton_name, why)
+
+
+def drain_reloads_through_gateway(
+    actuator: Actuator, app: GatewayApp, drain_timeout_seconds: float, end_grace_seconds: float
+) -> None:
+    """Have each of `actuator`'s reloads drain its model's requests at `app` first."""
+    actuator.drain_reloads_with(
+        ReloadDrain(
+            requests=GatewayRequests(app),
+            timeout_seconds=drain_timeout_seconds,
+            end_grace_seconds=end_grace_seconds,
+        )
+    )

@@ -12,8 +12,10 @@ residency from the engine, swap-ins through the actuator, request times for the 
   Triton serves it and, for a model that maps memory through the client library, the
   engine holds it RESIDENT (or LOADING once a dropped model's swap-in has mapped fresh
   memory: the next request reloads its weights).
-- `ensure_resident`: waits for a model still loading, then `Actuator.swap_in` (policy
-  admission, victims swapped out first, the engine's swap-in or a reload after a drop).
+- `ensure_resident`: waits while a reload holds the model (`Actuator.held`: it drains
+  and unloads it; `is_resident` is False meanwhile, so new requests queue) and for a
+  model still loading, then `Actuator.swap_in` (policy admission, victims swapped out
+  first, the engine's swap-in or a reload after a drop).
   The gateway calls it once per cold period; the actuator's per-model lock serialises it
   with the policy loop and manual swaps. A refusal raises `SwapInFailedError` with the
   actuator's reason.
@@ -167,6 +169,8 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None or model.serving is not Serving.LOADED:
             return False
+        if self.actuator.held(uid):  # a reload drains it: new requests wait in its queue
+            return False
         state = self.actuator.engine_state(model) if model.attaches else None
         return answers_now(model.serving, attaches=model.attaches, engine_state=state)
 
@@ -174,6 +178,8 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None:
             return "unknown"
+        if self.actuator.held(uid):
+            return "Reloading"
         if model.serving is not Serving.LOADED or not model.attaches:
             return str(model.serving)
         state = self.actuator.engine_state(model)
@@ -181,10 +187,17 @@ class AgentDirectory:
 
     async def ensure_resident(self, uid: str) -> None:
         model = self._model(uid)
-        await self._wait_loaded(model)
-        if self.is_resident(uid):
-            return
-        result = await self.actuator.swap_in(model)
+        deadline = self.clock() + self.load_wait_seconds
+        while True:
+            await self._wait_reload(model, deadline)
+            await self._wait_loaded(model)
+            if self.is_resident(uid):
+                return
+            result = await self.actuator.swap_in(model)
+            # a reload took the model while this swap-in waited for its lock: wait for it
+            reloading = self.actuator.held(uid) or model.serving is Serving.LOADING
+            if result.outcome != "refused" or not reloading or self.clock() >= deadline:
+                break
         if result.outcome == "refused":
             message = result.message or result.reason
             raise SwapInFailedError(
@@ -197,6 +210,12 @@ class AgentDirectory:
                 f"after its swap-in ({result.reason})"
             )
         log.debug("model %s resident for the gateway (%s)", uid, result.reason)
+
+    async def _wait_reload(self, model: AgentModel, deadline: float) -> None:
+        """Wait while a reload holds the model (it drains, then unloads it; its load is
+        under way when the hold ends)."""
+        while self.actuator.held(model.uid) and self.clock() < deadline:
+            await self.actuator.changed(deadline - self.clock())
 
     async def _wait_loaded(self, model: AgentModel) -> None:
         deadline = self.clock() + self.load_wait_seconds
@@ -229,5 +248,6 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is not None:
             model.active_requests = max(model.active_requests - 1, 0)
-            if not model.active_requests:  # a swap-in waiting for an idle model looks again
+            # a swap-in waiting for an idle model looks again, and so does a reload's drain
+            if not model.active_requests or self.actuator.held(uid):
                 self.actuator.notify()
