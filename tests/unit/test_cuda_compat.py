@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from modelswap_client import cuda_compat as cc
-from modelswap_sidecar.allocators.base import Location, get_allocator
+from modelswap_sidecar.allocators.base import Location
 from modelswap_sidecar.gpu.nvml import NvmlMemory, overhead_bytes
+from tests.support.allocators import get_allocator
 from tests.support.fake_cuda.api import install
 from tests.support.fake_cuda.world import MIB, FakeCuda
 

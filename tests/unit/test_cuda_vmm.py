@@ -15,12 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from modelswap_client.mappers.base import CopyError, MapperError, get_mapper
-from modelswap_sidecar.allocators.base import (
-    AllocatorError,
-    Location,
-    OutOfDeviceMemory,
-    get_allocator,
-)
+from modelswap_sidecar.allocators.base import AllocatorError, Location, OutOfDeviceMemory
+from tests.support.allocators import get_allocator
 from tests.support.fake_cuda.api import install
 from tests.support.fake_cuda.cycle import SwapCycle, host_file, read_back, staging_file
 from tests.support.fake_cuda.world import MIB, FakeCuda

@@ -17,8 +17,9 @@ from modelswap_client.mappers.base import (
     get_mapper,
 )
 from modelswap_client.mappers.sim import Pacer, SimMapper
-from modelswap_sidecar.allocators.base import AllocatorError, Chunk, Location, get_allocator
+from modelswap_sidecar.allocators.base import AllocatorError, Chunk, Location
 from modelswap_sidecar.allocators.sim import SimAllocator
+from tests.support.allocators import get_allocator
 
 MIB = 1 << 20
 GPU = Location.device(0)

@@ -3,8 +3,8 @@
 The agent owns the node's model memory. It creates physical chunks on a GPU (or in host
 memory), exports each as a file descriptor that travels to a model process over
 `SCM_RIGHTS`, and releases chunks when a model is swapped out. The engine talks to this
-interface only; it never imports CUDA. Backends, loaded lazily by name through
-`get_allocator`:
+interface only; it never imports CUDA. Backends, each imported only when the agent
+builds it (`agent/gpu_setup.py`):
 
 - ``sim``: "HBM" is a pool of pre-populated memfd chunks under a per-GPU capacity counter
   (any CPU machine, CI).
@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import abc
 import enum
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NewType
+from typing import NewType
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -121,7 +120,7 @@ class MemoryInfo:
 class Allocator(abc.ABC):
     """Creates, exports and releases physical chunks for the agent. See the module doc."""
 
-    #: backend name, as passed to `get_allocator`
+    #: backend name: "sim" or "cuda-vmm"
     name: str = ""
 
     @abc.abstractmethod
@@ -182,38 +181,3 @@ class Allocator(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release every chunk and stop background work. The allocator is unusable after."""
-
-
-AllocatorFactory = Callable[..., Allocator]
-
-#: backend name → "module:factory"; modules are imported only when their backend is asked for.
-_BACKENDS: dict[str, str] = {
-    "sim": "modelswap_sidecar.allocators.sim:SimAllocator",
-    "cuda-vmm": "modelswap_sidecar.allocators.cuda_vmm:CudaVmmAllocator",
-}
-
-
-def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
-
-
-def get_allocator(name: str, /, **options: Any) -> Allocator:
-    """Build the allocator backend `name` ("sim" | "cuda-vmm") with backend options.
-
-    The backend module is imported here, not at import time of this module, so the engine
-    and its tests never import CUDA. Raises `AllocatorError` for an unknown name or when the
-    backend cannot be imported (e.g. cuda-bindings missing).
-    """
-    try:
-        target = _BACKENDS[name]
-    except KeyError:
-        raise AllocatorError(
-            f"unknown allocator backend {name!r}; known: {', '.join(available_backends())}"
-        ) from None
-    module_name, _, attribute = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise AllocatorError(f"allocator backend {name!r} cannot be loaded: {e}") from e
-    factory: AllocatorFactory = getattr(module, attribute)
-    return factory(**options)
