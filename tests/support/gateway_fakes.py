@@ -1,5 +1,8 @@
 """A `ModelDirectory` whose swap-ins a test controls, and a gateway served on loopback.
 
+`RouteTable` answers a directory's `lookup` and `routes` from a route set (the routing
+module's pure `resolve`).
+
 `FakeDirectory` counts `ensure_resident` calls per model, can hold a model's swap-in until
 the test releases it, can fail it, and can run a real action (e.g. a Triton load) as the
 swap-in itself.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -21,7 +25,7 @@ from modelswap_sidecar.gateway.app import GatewayApp, bound_port, make_app, star
 from modelswap_sidecar.gateway.context import Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import SwapInFailedError
-from modelswap_sidecar.gateway.routing import RouteTable
+from modelswap_sidecar.gateway.routing import resolve
 from modelswap_sidecar.gateway.settings import GatewaySettings
 from modelswap_sidecar.triton.naming import triton_model_name
 
@@ -45,6 +49,30 @@ def route(
         max_queued=max_queued,
         queue_timeout_seconds=queue_timeout_seconds,
     )
+
+
+class RouteTable:
+    """`lookup` and `routes` of a `ModelDirectory` over a route set a test replaces whole."""
+
+    def __init__(self, routes: Iterable[ModelRoute] = ()) -> None:
+        self._lock = threading.Lock()
+        self._routes: tuple[ModelRoute, ...] = tuple(routes)
+
+    def replace(self, routes: Iterable[ModelRoute]) -> None:
+        with self._lock:
+            self._routes = tuple(routes)
+
+    def lookup(self, name: str, namespace: str | None) -> ModelRoute:
+        return resolve(self._routes, name, namespace)
+
+    def routes(self, namespace: str | None) -> Sequence[ModelRoute]:
+        current = self._routes
+        if namespace is None:
+            return current
+        return tuple(route for route in current if route.namespace == namespace)
+
+    def by_uid(self, uid: str) -> ModelRoute | None:
+        return next((route for route in self._routes if route.uid == uid), None)
 
 
 class FakeDirectory:

@@ -10,14 +10,13 @@ from modelswap_sidecar.gateway.errors import (
     UnknownModelError,
 )
 from modelswap_sidecar.gateway.routing import (
-    RouteTable,
     display_ids,
     namespace_from_host,
     resolve,
     scope_of,
     split_qualified,
 )
-from tests.support.gateway_fakes import route
+from tests.support.gateway_fakes import RouteTable, route
 
 LLAMA_A = route("llama", "team-a")
 LLAMA_B = route("llama", "team-b")

@@ -1,8 +1,8 @@
 """What the gateway needs from the agent: `ModelDirectory`, and the `ModelRoute` it returns.
 
-The gateway never touches the engine. The agent implements this Protocol over its engine
-(and can use `routing.RouteTable` for `lookup`/`routes`); tests implement it with a fake
-whose swap-in is an event they control.
+The gateway never touches the engine. The agent implements this Protocol over its engine;
+tests implement it with a fake whose swap-in is an event they control
+(`tests/support/gateway_fakes.py`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -122,27 +121,3 @@ def statistics_names(routes: Iterable[ModelRoute]) -> dict[str, str]:
     `namespace/name` (HTTP's `GET /v2/models/stats`, gRPC's `ModelStatistics` without a
     name): one list may hold several namespaces' models (local mode)."""
     return {route.triton_name: f"{route.namespace}/{route.name}" for route in routes}
-
-
-class RouteTable:
-    """`lookup` and `routes` of a `ModelDirectory` over a set the agent replaces whole."""
-
-    def __init__(self, routes: Iterable[ModelRoute] = ()) -> None:
-        self._lock = threading.Lock()
-        self._routes: tuple[ModelRoute, ...] = tuple(routes)
-
-    def replace(self, routes: Iterable[ModelRoute]) -> None:
-        with self._lock:
-            self._routes = tuple(routes)
-
-    def lookup(self, name: str, namespace: str | None) -> ModelRoute:
-        return resolve(self._routes, name, namespace)
-
-    def routes(self, namespace: str | None) -> Sequence[ModelRoute]:
-        current = self._routes
-        if namespace is None:
-            return current
-        return tuple(route for route in current if route.namespace == namespace)
-
-    def by_uid(self, uid: str) -> ModelRoute | None:
-        return next((route for route in self._routes if route.uid == uid), None)
