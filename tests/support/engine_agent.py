@@ -36,6 +36,7 @@ from modelswap_sidecar.engine.errors import EngineError
 from modelswap_sidecar.engine.hoststore import HostStore
 from modelswap_sidecar.engine.records import ModelConfig
 from modelswap_sidecar.engine.server import EngineServer, harden_process
+from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.engine.vouching import RegisteredVoucher
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -106,13 +107,26 @@ def serve_control(
         threading.Thread(target=session, args=(conn,), daemon=True).start()
 
 
+def residents_by_last_use(engine: Engine, gpu: int) -> list[str]:
+    """The resident models on `gpu`, least recently used first, read from the engine's
+    model table under its lock (the engine orders no victims itself: the agent's policy
+    does)."""
+    table = engine._table
+    with table.lock:
+        resident = [
+            m for m in table.records() if m.config.gpu == gpu and m.state is EngineState.RESIDENT
+        ]
+        resident.sort(key=lambda m: m.last_used)
+        return [m.name for m in resident]
+
+
 def lru_decider(engine: Engine) -> Callable[[str], None]:
     """A client's own swap-in, decided as the engine alone once did: every other resident
     model on the GPU, least recently used first, offered as a victim (the agent asks its
     policy instead)."""
 
     def decide(name: str) -> None:
-        others = [v for v in engine.residents_by_last_use(engine.gpu_of(name)) if v != name]
+        others = [v for v in residents_by_last_use(engine, engine.gpu_of(name)) if v != name]
         engine.swap_in(name, victims=others)
 
     return decide

@@ -236,10 +236,6 @@ class Engine:
         tier (UnknownModel: no such model)."""
         return self._table.host_bytes_of(name)
 
-    def residents_by_last_use(self, gpu: int) -> list[str]:
-        """The resident models on `gpu`, least recently used first."""
-        return self._table.residents_by_last_use(gpu)
-
     @property
     def gpus(self) -> tuple[int, ...]:
         return self._ledger.gpus

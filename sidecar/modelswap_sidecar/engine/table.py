@@ -169,14 +169,3 @@ class ModelTable:
                         if stored is not None:
                             total += stored.size_bytes
             return total
-
-    def residents_by_last_use(self, gpu: int) -> list[str]:
-        """The resident models on `gpu`, least recently used first."""
-        with self.lock:
-            resident = [
-                m
-                for m in self._models.values()
-                if m.config.gpu == gpu and m.state is EngineState.RESIDENT
-            ]
-            resident.sort(key=lambda m: m.last_used)
-            return [m.name for m in resident]
