@@ -160,6 +160,11 @@ class ModelInfo(_Wire):
     gpu: str | None = None
     resident_bytes: int = 0
     host_bytes: int = 0
+    #: KV-cache bytes its processes' session stores hold (`modelswap_client.kv_sessions`,
+    #: reported with their heartbeats): in GPU memory (the KV region's blocks; 0 while
+    #: swapped out) and in the host tier (`kvCache.hostBytes` caps it).
+    kv_gpu_bytes: int = 0
+    kv_host_bytes: int = 0
     last_request_time: str | None = None  # RFC 3339
     swap_ins: int = 0
     swap_outs: int = 0

@@ -149,6 +149,18 @@ class EffectivePolicyStatus(_Wire):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KvBytesStatus(_Wire):
+    """`status.kv`: the KV-cache bytes the model's conversations hold now, per tier, each
+    with its `Size` twin, and `shown` (`"<gpu>/<host>"` sizes) for the wide KV column."""
+
+    gpu_bytes: int | None = None
+    gpu_size: str | None = None
+    host_bytes: int | None = None
+    host_size: str | None = None
+    shown: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelDeploymentStatus(_Wire):
     phase: DeploymentPhase | None = None
     #: The name users call the model by (spec.model.name, else metadata.name).
@@ -162,6 +174,8 @@ class ModelDeploymentStatus(_Wire):
     host_bytes: int | None = None
     #: `host_bytes` for people: the HOST column.
     host_size: str | None = None
+    #: KV-cache bytes per tier (the KV column, `-o wide`).
+    kv: KvBytesStatus | None = None
     last_request_time: str | None = None
     #: Swap-ins and swap-outs over the model's life, on every node that hosted it.
     swap_ins: int | None = None
@@ -246,6 +260,10 @@ class HostedModel(_Wire):
     #: False once dropped from the desired set while its host-store bytes are kept.
     desired: bool | None = None
     host_bytes: int | None = None
+    #: KV-cache bytes its conversations hold in GPU memory and in the host tier (the
+    #: agent's `ModelInfo.kv_gpu_bytes`/`kv_host_bytes`).
+    kv_gpu_bytes: int | None = None
+    kv_host_bytes: int | None = None
     swap_ins: int | None = None
     swap_outs: int | None = None
     last_swap_in_seconds: float | None = None

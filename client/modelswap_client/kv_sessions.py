@@ -22,7 +22,7 @@ store's lock), inside `hold()` (`att.in_use`), so no swap-out comes between the 
 the read of a cache's bytes.
 
 Counters (`stats()`): hits, misses, evictions, tokens reused and recomputed, and the
-blocks held in each tier.
+blocks (and their bytes) held in each tier.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class KvStats:
     sessions: int
     device_blocks: int  # HBM-tier blocks held by sessions
     host_blocks: int
+    device_bytes: int  # the bytes of those blocks (`modelswap status`, kubectl's KV column)
+    host_bytes: int
     hits: int  # turns whose session's cache was there, its prefix intact
     misses: int  # turns without a cache (new or evicted session) or with lost bytes
     evictions: int  # sessions evicted whole, or their host blocks taken by another
@@ -66,6 +68,8 @@ class KvStats:
             "sessions": self.sessions,
             "device_blocks": self.device_blocks,
             "host_blocks": self.host_blocks,
+            "device_bytes": self.device_bytes,
+            "host_bytes": self.host_bytes,
             "hits": self.hits,
             "misses": self.misses,
             "evictions": self.evictions,
@@ -166,6 +170,8 @@ class KvSessionStore:
             sessions=sessions,
             device_blocks=device,
             host_blocks=host,
+            device_bytes=device * self.kv.pool.block_bytes,
+            host_bytes=host * self.kv.pool.block_bytes,
             hits=self._hits,
             misses=self._misses,
             evictions=self._evictions,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelswap_api.control import EntryResult
-from modelswap_api.models import Condition, HostedModel, ModelDeploymentStatus
+from modelswap_api.models import Condition, HostedModel, KvBytesStatus, ModelDeploymentStatus
 from modelswap_api.policy import EffectivePolicy
 from modelswap_api.quantities import format_bytes
 
@@ -143,6 +143,7 @@ def build_status(
         resident_size=format_bytes(resident_bytes),
         host_bytes=host_bytes,
         host_size=format_bytes(host_bytes),
+        kv=kv_status(hosted),
         last_request_time=hosted.last_request_time if hosted else None,
         swap_ins=swap_ins,
         swap_outs=swap_outs,
@@ -190,6 +191,21 @@ def _phase(deleting: bool, placed: bool, observed: Observed) -> str:
     if hosted is not None and hosted.state:
         return hosted.state
     return "Placed" if placed else "Pending"
+
+
+def kv_status(hosted: HostedModel | None) -> KvBytesStatus | None:
+    """`status.kv`: the KV-cache bytes the node reports for the model, per tier, with their
+    sizes and the wide KV column's `"<gpu>/<host>"`; None while no node reports it."""
+    if hosted is None:
+        return None
+    gpu, host = hosted.kv_gpu_bytes or 0, hosted.kv_host_bytes or 0
+    return KvBytesStatus(
+        gpu_bytes=gpu,
+        gpu_size=format_bytes(gpu),
+        host_bytes=host,
+        host_size=format_bytes(host),
+        shown=f"{format_bytes(gpu)}/{format_bytes(host)}",
+    )
 
 
 def _policy_valid(verdict: Verdict, hosted: HostedModel | None) -> Condition:

@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 import threading
 import types
@@ -33,6 +34,7 @@ import pytest
 import yaml
 
 from examples.models import make_weights
+from modelswap_api.quantities import format_bytes
 from modelswap_sidecar.gateway.openai import chat_prompt
 from tests.support.local_up import LocalNode, local_up
 from tests.support.waiting import wait_for
@@ -188,6 +190,7 @@ class _Attachment:
         self.entered = 0
         self.closed = False
         self.lock = threading.Lock()
+        self.regions: dict[str, Any] = {}  # no KV region: no sessions
 
     @contextlib.contextmanager
     def in_use(self) -> Iterator[None]:
@@ -299,12 +302,59 @@ def model_py() -> Iterator[types.ModuleType]:
             sys.modules["triton_python_backend_utils"] = saved
 
 
+class _Region:
+    """A KV region's stand-in: host memory, as on the sim backend."""
+
+    def __init__(self, size_bytes: int) -> None:
+        import torch
+
+        self.size_bytes = size_bytes
+        self.tensor = torch.zeros(size_bytes, dtype=torch.uint8)
+
+    def torch(self) -> Any:
+        return self.tensor
+
+
+class _KvAttachment(_Attachment):
+    """An attachment with a KV region and the tiered pool over it, as the agent hands
+    them: `kv_generation` is bumped by the test where a `discard` swap-out would."""
+
+    def __init__(self, kv_bytes: int, offload_after_tokens: int, host_bytes: int) -> None:
+        super().__init__()
+        self.regions = {"kv": _Region(kv_bytes)}
+        self.kv_generation = 0
+        self.offload_after_tokens = offload_after_tokens
+        self.host_bytes = host_bytes
+        self.report: Any = None
+
+    def kv_pool(self, tag: str, *, block_bytes: int, tokens_per_block: int) -> Any:
+        from modelswap_client.kvpool import TieredKvPool
+
+        region = self.regions[tag]
+        return TieredKvPool(
+            region.tensor.data_ptr(),
+            region.size_bytes,
+            block_bytes=block_bytes,
+            tokens_per_block=tokens_per_block,
+            offload_after_tokens=self.offload_after_tokens,
+            host_bytes=self.host_bytes,
+        )
+
+    def report_kv(self, report: Any) -> None:
+        self.report = report
+
+
 class InProcess:
     """The example's TritonPythonModel, initialised as Triton would, over plain
     transformers; `run` sends requests through `execute` and collects the answers."""
 
-    def __init__(self, module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.att = _Attachment()
+    def __init__(
+        self,
+        module: types.ModuleType,
+        monkeypatch: pytest.MonkeyPatch,
+        att: _Attachment | None = None,
+    ) -> None:
+        self.att = att or _Attachment()
         monkeypatch.setattr(module, "attach_model", lambda args: self.att)
 
         def from_pretrained(att: Any, cls: Any, folder: Path) -> Any:
@@ -579,6 +629,136 @@ def test_text_stream_holds_partial_characters_and_possible_stop_strings(
     assert stream.finish() == "\ufffd"  # as decode() renders an unfinished character
 
 
+# -- conversations' KV caches (issue 29, item 4) ------------------------------------------------
+
+#: The in-process KV tiers: 1 MiB of "HBM" (1,024 tokens of this model's K/V), 4 MiB host.
+KV_BYTES = 1 << 20
+KV_HOST_BYTES = 4 << 20
+OFFLOAD_AFTER_TOKENS = 32
+
+
+@pytest.fixture
+def kv_served(model_py: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> InProcess:
+    att = _KvAttachment(KV_BYTES, OFFLOAD_AFTER_TOKENS, KV_HOST_BYTES)
+    return InProcess(model_py, monkeypatch, att)
+
+
+def follow_up(reference: Reference, prompt: str, answer: Sequence[int], turn: str) -> str:
+    """The next turn's prompt, as the chat route renders a conversation: the last prompt,
+    its answer, the user's next message."""
+    return f"{prompt} {reference.text(answer)}\nuser: {turn}\nassistant:"
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def expected_reuse(reference: Reference, prompt: str, answer: Sequence[int], nxt: str) -> int:
+    """Tokens a follow-up turn can take from the cache: the prefix it shares with the last
+    prompt and answer, of what the cache holds (the answer's last token was never fed),
+    leaving the new prompt's last token to compute."""
+    held = [*reference.ids(prompt), *answer][:-1]
+    return min(common_prefix(held, reference.ids(nxt)), len(reference.ids(nxt)) - 1)
+
+
+def kv_stats(served: InProcess) -> dict[str, int]:
+    report = served.att.report  # type: ignore[attr-defined]
+    assert report is not None, "the model reports its KV figures with its heartbeats"
+    return dict(report())
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens"),
+    [("hi", 8), (f"user: {'tell me ' * 25}\nassistant:", MAX_TOKENS)],
+    ids=["shorter", "longer"],
+)
+def test_a_session_reuses_its_prefix_and_answers_as_transformers(
+    kv_served: InProcess, reference: Reference, prompt: str, max_tokens: int
+) -> None:
+    """A conversation's follow-up turn computes only its new tokens and answers what plain
+    transformers answers for the whole prompt, for a conversation shorter and one longer
+    than offloadAfterTokens (the longer one's K/V past it in host-tier blocks)."""
+    first = kv_served.one(prompt, max_tokens=max_tokens, session_id="ns/tinyllama/c1")
+    assert first.error is None, first.error
+    assert first.tokens == reference.tokens(prompt, max_tokens)
+    stats = kv_stats(kv_served)
+    assert stats["sessions"] == 1 and stats["misses"] == 1 and stats["tokens_reused"] == 0
+    held = len(reference.ids(prompt)) + len(first.tokens) - 1
+    assert stats["device_blocks"] == -(-min(held, OFFLOAD_AFTER_TOKENS) // 16)
+    host = max(0, held - OFFLOAD_AFTER_TOKENS)
+    assert stats["host_blocks"] == -(-host // 16)
+    assert (stats["host_blocks"] > 0) == (max_tokens == MAX_TOKENS)  # the longer one
+
+    nxt = follow_up(reference, prompt, first.tokens, "and then?")
+    second = kv_served.one(nxt, max_tokens=MAX_TOKENS, session_id="ns/tinyllama/c1")
+    assert second.tokens == reference.tokens(nxt)
+    stats = kv_stats(kv_served)
+    reused = expected_reuse(reference, prompt, first.tokens, nxt)
+    assert reused > len(reference.ids(prompt)) - 1  # the prompt and some of the answer
+    assert stats["tokens_reused"] == reused
+    assert stats["hits"] == 1 and stats["tokens_recomputed"] == 0
+
+
+def test_a_discarded_cache_is_computed_again_and_answers_stay_right(
+    kv_served: InProcess, reference: Reference
+) -> None:
+    """The KV bytes lost (the attachment's kv_generation moved, as a `discard` swap-out
+    moves it): the next turn computes the cached tokens again from the session's token
+    ids, counts them, and answers as transformers does."""
+    prompt = reference.chat_text(CHATS[1])
+    first = kv_served.one(prompt, max_tokens=MAX_TOKENS, session_id="s")
+    held = len(reference.ids(prompt)) + len(first.tokens) - 1
+    kv_served.att.kv_generation += 1  # type: ignore[attr-defined]
+    nxt = follow_up(reference, prompt, first.tokens, "more")
+    second = kv_served.one(nxt, max_tokens=MAX_TOKENS, session_id="s")
+    assert second.tokens == reference.tokens(nxt)
+    stats = kv_stats(kv_served)
+    recomputed = expected_reuse(reference, prompt, first.tokens, nxt)
+    assert 0 < recomputed <= held
+    assert stats["tokens_recomputed"] == recomputed and stats["tokens_reused"] == 0
+    assert stats["misses"] == 2 and stats["hits"] == 0
+
+
+def test_sessions_side_by_side_and_requests_without_one(
+    kv_served: InProcess, reference: Reference
+) -> None:
+    """Concurrent sessions each get their own answer (their turns take the store one at a
+    time), a request naming no session uses no pool block, and the sessions beyond
+    max_sessions (16) are evicted least recently used first."""
+    prompts = [reference.chat_text(c) for c in CHATS] + list(PROMPTS[:2])
+    requests = [
+        (p, {"max_tokens": MAX_TOKENS, "session_id": f"s{i}"}) for i, p in enumerate(prompts)
+    ]
+    requests.append((PROMPTS[2], {"max_tokens": MAX_TOKENS}))
+    answers = kv_served.run(requests)
+    assert [a.tokens for a in answers] == [reference.tokens(t) for t, _ in requests]
+    stats = kv_stats(kv_served)
+    assert stats["sessions"] == len(prompts) and stats["misses"] == len(prompts)
+    # the second turns, side by side, each reuse their own conversation
+    answers = answers[: len(prompts)]
+    nexts = [follow_up(reference, p, a.tokens, "ok") for p, a in zip(prompts, answers, strict=True)]
+    again = kv_served.run(
+        [(n, {"max_tokens": MAX_TOKENS, "session_id": f"s{i}"}) for i, n in enumerate(nexts)]
+    )
+    assert [a.tokens for a in again] == [reference.tokens(n) for n in nexts]
+    stats = kv_stats(kv_served)
+    assert stats["hits"] == len(prompts)
+    assert stats["tokens_reused"] == sum(
+        expected_reuse(reference, p, a.tokens, n)
+        for p, a, n in zip(prompts, answers, nexts, strict=True)
+    )
+    # past max_sessions: the oldest go
+    many = kv_served.run([("x", {"max_tokens": 2, "session_id": f"more{i}"}) for i in range(16)])
+    assert all(a.error is None for a in many)
+    stats = kv_stats(kv_served)
+    assert stats["sessions"] == 16 and stats["evictions"] == len(prompts)
+
+
 # -- the Hugging Face folder ---------------------------------------------------------------------
 
 
@@ -664,9 +844,11 @@ def sse_events(body: str) -> list[str]:
     return [line[len("data: ") :] for line in body.splitlines() if line.startswith("data: ")]
 
 
-def v2_generate(node: LocalNode, text: str, parameters: dict[str, Any]) -> Answer:
+def v2_generate(
+    node: LocalNode, text: str, parameters: dict[str, Any], model: str = "tinyllama"
+) -> Answer:
     r = node.post(
-        "/v2/models/tinyllama/generate_stream", {"text_input": text, "parameters": parameters}
+        f"/v2/models/{model}/generate_stream", {"text_input": text, "parameters": parameters}
     )
     assert r.status_code == 200, r.text
     answer = Answer()
@@ -798,6 +980,229 @@ def test_served_answers_equal_transformers_before_and_after_swaps(reference: Ref
         check_answers(node, reference, first="chat")
         assert node.model("tinyllama")["swapIns"] > before["swapIns"]
         assert "loading afresh" not in node.log()
+
+
+# -- served conversations: the KV cache through the gateway, across swaps -----------------------
+
+SESSION_HEADER = "X-Modelswap-Session"
+#: Served KV tiers: 2 MiB of KV region (2,048 tokens of this model's K/V, 1 KiB a token),
+#: sequences past 64 tokens in the host tier (8 MiB).
+SERVED_OFFLOAD_AFTER_TOKENS = 64
+
+
+def kv_yaml(name: str, kv: str) -> str:
+    return f"""\
+apiVersion: modelswap.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: {name}
+spec:
+  model:
+    source: {{uri: /models/tinyllama}}
+    weightsBytes: {example_weights_bytes()}
+    kvCacheBytes: 2Mi
+  swapPolicy:
+    idleAfter: never
+    minResident: 1s
+    onSwapOut: host
+    kv: {kv}
+  kvCache:
+    offloadAfterTokens: {SERVED_OFFLOAD_AFTER_TOKENS}
+    hostBytes: 8Mi
+"""
+
+
+def kv_figures(node: LocalNode, model: str) -> dict[str, float]:
+    """The agent's `modelswap_kv_*` samples for `model` (blocks by tier as
+    `blocks_device`/`blocks_host`), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(str(node.state["metricsUrl"]), timeout=10, trust_env=False).text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("modelswap_kv_"):
+                continue
+            if sample.labels.get("model") != model:
+                continue
+            key = sample.name.removeprefix("modelswap_kv_")
+            if "tier" in sample.labels:
+                key = f"{key}_{sample.labels['tier']}"
+            found[key] = sample.value
+    return found
+
+
+def kv_bytes(node: LocalNode, model: str) -> tuple[int, int]:
+    """(GPU, host) KV bytes the agent reports for `model` (control API, `ModelInfo`)."""
+    info = node.model(model)
+    return int(info.get("kvGpuBytes", 0)), int(info.get("kvHostBytes", 0))
+
+
+def status_wide(node: LocalNode) -> dict[str, dict[str, str]]:
+    """`modelswap status -o wide` as {name: {COLUMN: cell}}."""
+    out = subprocess.run(
+        [sys.executable, "-m", "modelswap_api.cli", "status", "--run-dir", str(node.run_dir),
+         "-o", "wide"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    header, *lines = out.splitlines()
+    names = header.split()
+    return {
+        cells[0]: dict(zip(names, cells, strict=True))
+        for cells in (line.split() for line in lines)
+        if len(cells) == len(names)
+    }
+
+
+@dataclass
+class Conversation:
+    """One session's turns through one route: `chat` (OpenAI chat, `stream` or not) or
+    `v2` (generate_stream with `parameters.session_id`)."""
+
+    model: str
+    session: str
+    route: str
+    stream: bool
+    messages: list[dict[str, str]]
+    last: str = ""  # the last answer's text
+
+    def prompt(self) -> str:
+        return chat_prompt(self.messages)
+
+    def turn(self, node: LocalNode, reference: Reference) -> None:
+        """Send the conversation so far; its answer must be transformers' for the whole
+        prompt (computed with no cache tricks); the answer joins the conversation."""
+        expected = reference.tokens(self.prompt())
+        want = (reference.text(expected), finish_of(expected, MAX_TOKENS))
+        if self.route == "v2":
+            r = httpx.post(
+                f"{node.gateway}/v2/models/{self.model}/generate_stream",
+                json={"text_input": self.prompt(),
+                      "parameters": {"max_tokens": MAX_TOKENS, "session_id": self.session}},
+                timeout=120, trust_env=False,
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+            answer = Answer()
+            for data in sse_events(r.text):
+                event = json.loads(data)
+                assert "error" not in event, event
+                answer.pieces.append(event["text_output"])
+                ids = event["token_ids"]
+                answer.tokens += ids if isinstance(ids, list) else [ids]
+                answer.finish_reason = event.get("finish_reason", answer.finish_reason)
+            assert answer.tokens == expected, self.session
+            got = (answer.text, answer.finish_reason)
+        else:
+            r = httpx.post(
+                f"{node.gateway}/v1/chat/completions",
+                json={"model": self.model, "messages": self.messages, "stream": self.stream,
+                      "max_tokens": MAX_TOKENS},
+                headers={SESSION_HEADER: self.session}, timeout=120, trust_env=False,
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+            if self.stream:
+                events = sse_events(r.text)
+                assert events[-1] == "[DONE]"
+                chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+                got = ("".join(c["delta"].get("content", "") for c in chunks),
+                       chunks[-1]["finish_reason"])  # fmt: skip
+            else:
+                choice = r.json()["choices"][0]
+                got = (choice["message"]["content"], choice["finish_reason"])
+        assert got == want, self.session
+        self.last = got[0]
+
+    def follow_up(self, text: str) -> None:
+        self.messages += [{"role": "assistant", "content": self.last},
+                          {"role": "user", "content": text}]  # fmt: skip
+
+
+def conversations(model: str) -> list[Conversation]:
+    """Side by side: a short one streamed, a long one (past offloadAfterTokens) not
+    streamed, and a long one over the generate extension."""
+    long_text = "please swap the idle models out and page them back in " * 3
+    return [
+        Conversation(model, "short", "chat", True, [{"role": "user", "content": "hi"}]),
+        Conversation(model, "long", "chat", False, [{"role": "user", "content": long_text}]),
+        Conversation(model, "v2", "v2", True, [{"role": "user", "content": long_text[::-1]}]),
+    ]
+
+
+def side_by_side(node: LocalNode, reference: Reference, talks: Sequence[Conversation]) -> None:
+    with concurrent.futures.ThreadPoolExecutor(len(talks)) as pool:
+        for done in [pool.submit(t.turn, node, reference) for t in talks]:
+            done.result()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_served_conversations_keep_their_kv_across_swaps(reference: Reference) -> None:
+    """Through the gateway, concurrent sessions (chat streamed and not, generate_stream)
+    answer plain transformers' tokens on every turn; the KV of the long ones goes to the
+    host tier past offloadAfterTokens. Swapped out mid-conversation: with `kv: preserve`
+    the next turns answer the same and compute no cached token again (the agent's
+    modelswap_kv_tokens_recomputed_total stays 0 while tokens reused grow); with
+    `discard`, the same answers and the recompute counted."""
+    files = {"keep.yaml": kv_yaml("keep", "preserve"), "drop.yaml": kv_yaml("drop", "discard")}
+    with local_up(files, MODELS) as node:
+        for name in ("keep", "drop"):
+            node.wait_phase(name, "Resident", LOAD_SECONDS)
+        talks = {name: conversations(name) for name in ("keep", "drop")}
+        for name, chats in talks.items():
+            assert kv_bytes(node, name) == (0, 0)  # no conversation yet
+            # the short one alone: its K/V in the KV region only (GPU)
+            chats[0].turn(node, reference)
+            short = wait_for(lambda n=name: (b := kv_bytes(node, n))[0] > 0 and b, 30,
+                             f"{name}'s KV bytes in the KV region")  # fmt: skip
+            assert short[1] == 0
+            # the long ones side by side: past offloadAfterTokens, K/V in the host tier
+            side_by_side(node, reference, chats[1:])
+            # a request naming no session still answers right, beside them
+            check_plain = v2_generate(node, PROMPTS[0], {"max_tokens": MAX_TOKENS}, name)
+            assert check_plain.tokens == reference.tokens(PROMPTS[0])
+            crossed = wait_for(lambda n=name: (b := kv_bytes(node, n))[1] > 0 and b, 30,
+                               f"{name}'s KV bytes in the host tier")  # fmt: skip
+            assert crossed[0] >= short[0]
+        wide = status_wide(node)
+        for name in talks:
+            gpu, host = kv_bytes(node, name)
+            assert wide[name]["KV"] == f"{format_bytes(gpu)}/{format_bytes(host)}", wide
+            first = wait_for(
+                lambda name=name: (f := kv_figures(node, name)).get("blocks_host", 0) > 0 and f,
+                30,
+                f"{name}'s KV report (host-tier blocks of the long sessions)",
+            )
+            assert first["session_misses_total"] == 3 and first["tokens_recomputed_total"] == 0
+            assert first["blocks_device"] > 0
+
+        for name, chats in talks.items():
+            before = kv_figures(node, name)
+            answer = node.swap(name, "out")
+            assert answer["outcome"] == "completed", answer
+            assert node.model(name)["phase"] == "SwappedOut"
+            # swapped out, the KV region holds no GPU memory; the host tier is kept
+            assert kv_bytes(node, name)[0] == 0
+            for talk in chats:
+                talk.follow_up("go on")
+            side_by_side(node, reference, chats)  # the first one swaps it back in
+            assert node.model(name)["phase"] == "Resident"
+            held = sum(len(reference.ids(t.messages[0]["content"])) for t in chats)
+
+            def reported(name: str = name, before: dict[str, float] = before) -> Any:
+                now = kv_figures(node, name)
+                turns = now["session_hits_total"] + now["session_misses_total"]
+                earlier = before["session_hits_total"] + before["session_misses_total"]
+                return now if turns == earlier + 3 else None
+
+            after = wait_for(reported, 30, f"{name}'s KV report of the second turns")
+            if name == "keep":
+                assert after["tokens_recomputed_total"] == 0
+                assert after["session_hits_total"] == 3
+                assert after["tokens_reused_total"] >= held
+            else:
+                assert after["tokens_recomputed_total"] >= held
+                assert after["tokens_reused_total"] == 0
+                assert after["session_misses_total"] == 6
 
 
 def test_answers_are_checked_against_transformers_not_a_fixed_string(reference: Reference) -> None:

@@ -1,7 +1,8 @@
 """What kubectl shows (issue 27, item 8), through the API emulator and the operator.
 
 - `kubectl get md -o wide` and `kubectl get swapnodes -o wide` fill every column: the
-  model's name with and without spec.model.name, Ready's reason, sizes as quantities,
+  model's name with and without spec.model.name, Ready's reason, sizes as quantities, KV
+  bytes per tier (issue 29),
   the node's GPUs, free HBM, models and Lease; `kubectl explain` says what `pinned` does.
 - Deleting a namespace whose models' node cannot free them yet (its agent stopped): the
   operator posts at most one Event there (refused 403, the namespace terminating), logs
@@ -93,6 +94,8 @@ async def test_kubectl_get_fills_every_column(tmp_path: Path) -> None:
         assert row["RESIDENT"] == format_bytes(status["residentBytes"]), (row, status)
         assert row["RESIDENT"].endswith(("Ki", "Mi", "Gi")), row  # not a raw byte count
         assert row["HOST"] == format_bytes(status["hostBytes"]), (row, status)
+        # no conversations on these models: the KV column is there, and empty per tier
+        assert row["KV"] == status["kv"]["shown"] == "0/0", (row, status)
         assert row["SWAP-INS"] == str(status["swapIns"]) and row["GPU"] == status["gpu"]
     node = swapnodes["node-a"]
     assert (node["LEASE"], node["GPUS"], node["MODELS"]) == ("Live", "2", "2"), node

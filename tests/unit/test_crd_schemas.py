@@ -134,7 +134,7 @@ def test_model_deployment_names_and_printer_columns() -> None:
     version = crds.version_of(crd, crds.VERSION)
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Node", "Phase", "Ready", "Reason", "Resident", "Host",
+    assert columns == ["Model", "Node", "Phase", "Ready", "Reason", "Resident", "Host", "KV",
                        "Swap-Ins", "GPU", "Last-Request", "Age"]  # fmt: skip
     swap_node = ALL[crds.SWAP_NODE]
     assert swap_node["spec"]["scope"] == "Cluster"

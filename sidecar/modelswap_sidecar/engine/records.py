@@ -59,6 +59,9 @@ class KvReport:
     sessions: int = 0
     device_blocks: int = 0
     host_blocks: int = 0
+    #: the bytes of those blocks (the agent reports them as kvGpuBytes/kvHostBytes)
+    device_bytes: int = 0
+    host_bytes: int = 0
     hits: int = 0
     misses: int = 0
     evictions: int = 0

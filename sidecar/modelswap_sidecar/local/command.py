@@ -3,7 +3,7 @@
     modelswap up [-f DIR] [--run-dir D] [--model-root R] [--defaults FILE]
                  [--host H] [--port P] [--sim-gpu-bytes B ...] [--pace-gbps G]
                  [--allocator A] [--triton-binary T] [--dev] [--no-reload]
-    modelswap status [--run-dir D]
+    modelswap status [--run-dir D] [-o wide]
 
 `up` serves every ModelDeployment YAML file in DIR (default ./examples) through real
 Triton and the agent (sim GPUs), with the gateway on localhost, applies edits to the
@@ -97,6 +97,12 @@ def register_status(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     status.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    status.add_argument(
+        "-o",
+        "--output",
+        choices=("wide",),
+        help="wide: also HOST, KV (GPU/host), SWAP-INS and GPU, as `kubectl get md -o wide`",
+    )
     status.set_defaults(handler=run_status_command)
 
 
@@ -197,10 +203,15 @@ def run_status_command(args: argparse.Namespace) -> int:
         sys.stderr.write(f"modelswap status: the agent does not answer (yet?): {e}\n")
         return EXIT_NOT_RUNNING
     models = response.json().get("models", [])
+    wide = getattr(args, "output", None) == "wide"
     body = rows(
-        models, state.get("models", []), node_name=str(state["nodeName"]), now_seconds=time.time()
+        models,
+        state.get("models", []),
+        node_name=str(state["nodeName"]),
+        now_seconds=time.time(),
+        wide=wide,
     )
-    print(table(body))
+    print(table(body, wide=wide))
     for line in explanations(models):
         print(line)
     local = state.get("models", [])

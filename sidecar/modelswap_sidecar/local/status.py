@@ -3,6 +3,11 @@
     NAME        MODEL       NODE   PHASE       RESIDENT   LAST-REQUEST   AGE
     chat-pinned chat        local  Resident    96Mi       4s             2m10s
 
+`-o wide` adds, before LAST-REQUEST, kubectl's wide columns: HOST (bytes kept in host
+memory), KV (the KV-cache bytes its conversations hold, GPU/host: `ModelInfo.kvGpuBytes`
+and `kvHostBytes`, as `status.kv.shown` in the cluster), SWAP-INS and GPU. Sizes are
+`quantities.format_bytes`, as the cluster's `...Size` fields.
+
 The models and their state come from the agent (`GET /v1/models` on its control API,
 found through the run directory's state file); AGE counts from the first push that
 carried the model. Below the table: why each `Pending` or `Failed` model is so (the
@@ -20,10 +25,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from modelswap_api.quantities import parse_bytes
+from modelswap_api.quantities import format_bytes, parse_bytes
 from modelswap_api.terminal import printable
 
 COLUMNS = ("NAME", "MODEL", "NODE", "PHASE", "RESIDENT", "LAST-REQUEST", "AGE")
+#: `-o wide`: kubectl's wide columns, before LAST-REQUEST.
+WIDE_COLUMNS = (*COLUMNS[:5], "HOST", "KV", "SWAP-INS", "GPU", *COLUMNS[5:])
 NONE = "<none>"
 
 
@@ -67,6 +74,7 @@ def rows(
     *,
     node_name: str,
     now_seconds: float,
+    wide: bool = False,
 ) -> list[tuple[str, ...]]:
     """One row per model the agent reports, in name order; `local` adds what the agent does
     not know (the model's user-facing name, when it was first applied)."""
@@ -86,11 +94,24 @@ def rows(
             node_name if info.get("desired", True) else NONE,
             str(info.get("phase", "")),
             short_bytes(int(info.get("residentBytes") or 0)),
+            *(wide_cells(info) if wide else ()),
             short_age(now_seconds - last) if last is not None else NONE,
             short_age(now_seconds - float(applied)) if applied is not None else NONE,
         )
         out.append(tuple(printable(cell) for cell in row))
     return out
+
+
+def wide_cells(info: Mapping[str, Any]) -> tuple[str, ...]:
+    """HOST, KV (`<gpu>/<host>`), SWAP-INS and GPU of one model."""
+    kv_gpu = format_bytes(int(info.get("kvGpuBytes") or 0))
+    kv_host = format_bytes(int(info.get("kvHostBytes") or 0))
+    return (
+        format_bytes(int(info.get("hostBytes") or 0)),
+        f"{kv_gpu}/{kv_host}",
+        str(int(info.get("swapIns") or 0)),
+        str(info.get("gpu") or NONE),
+    )
 
 
 #: Phases a user must be told the reason for: the model does not serve and will not by itself.
@@ -110,9 +131,10 @@ def explanations(models: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def table(body: Sequence[tuple[str, ...]]) -> str:
-    lines = [COLUMNS, *body]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+def table(body: Sequence[tuple[str, ...]], *, wide: bool = False) -> str:
+    columns = WIDE_COLUMNS if wide else COLUMNS
+    lines = [columns, *body]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
     return "\n".join(
         "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in lines

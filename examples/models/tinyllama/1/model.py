@@ -4,7 +4,8 @@ modelswap memory, streaming text through Triton's generate extension.
 This is the file to copy for a Hugging Face text-generation model. Without modelswap it
 would be the same file minus the lines marked `# modelswap` (6 of them: two imports,
 `attach_model`, `mstorch.from_pretrained` in place of `AutoModelForCausalLM.
-from_pretrained`, `with self.att.in_use():` around each request's generation, `close()`):
+from_pretrained`, `with self.att.in_use():` around each request's generation, `close()`),
+and the conversations' KV cache marked `# modelswap (KV cache)` (below):
 
 - `initialize` attaches to the node's agent, which hands the model a weights region of
   `weightsBytes`. `mstorch.from_pretrained` builds the model with its parameters on the
@@ -17,13 +18,28 @@ from_pretrained`, `with self.att.in_use():` around each request's generation, `c
   addresses across swaps.
 
 Each request: `text_input` (UTF-8) is tokenized as transformers does (BOS first), then one
-token at a time with a KV cache (transformers' DynamicCache, in torch's own memory: it is
-not paged); each response carries the text that became complete (a byte-level token can
-be part of a UTF-8 character) and the `token_ids` it covers; the last also
+token at a time with a KV cache (below); each response carries the text that became
+complete (a byte-level token can be part of a UTF-8 character) and the `token_ids` it
+covers; the last also
 `finish_reason`: "stop" (EOS, which is in its token_ids but has no text, or a stop
 string, which is cut from the text) or "length" (max_tokens, or the context's end). A
 request its client cancels (the gateway cancels it when the client hangs up) stops at the
 next token and its stream ends without another response.
+
+The KV cache (issue 29): a request naming a session (the parameter `session_id`, which the
+gateway sends scoped `namespace/name/id`, from the `X-Modelswap-Session` header or OpenAI's
+`user`) keeps its conversation's K/V in modelswap memory between turns
+(`modelswap_client.kv_sessions` over `modelswap_client.kv_cache`): the first
+`kvCache.offloadAfterTokens` tokens of a sequence in the KV region (`spec.model.kvCacheBytes`,
+HBM), later ones in the host tier (`kvCache.hostBytes`). A follow-up turn whose prompt
+starts with the conversation so far (the last prompt and its answer) computes only the new
+tokens; K/V lost to a `kv: discard` swap-out (or taken by another session) is computed
+again from the session's token ids first, never read stale. At most `max_sessions` (a
+model parameter) sessions are kept, least recently used evicted first; session turns run
+one at a time. The store reports its blocks per tier and its hits, misses, evictions and
+tokens reused and recomputed with every heartbeat (the agent's `modelswap_kv_*` metrics).
+A request without a session, or a model deployed without `kvCacheBytes`, uses
+transformers' DynamicCache in torch's own memory (not paged), as before.
 
 Request parameters (what the gateway's OpenAI routes send; all optional):
     max_tokens         default: the `default_max_tokens` model parameter, less where the
@@ -41,6 +57,7 @@ Request parameters (what the gateway's OpenAI routes send; all optional):
                        any temperature) and the `logprobs` most likely tokens at each step with
                        theirs (`top_tokens`, `top_logprobs`, flattened, most likely first)
     presence_penalty, frequency_penalty    not implemented: refused unless 0
+    session_id         the conversation whose KV cache to use and keep (above)
 A parameter outside these ranges is refused with an error response naming it. Every
 response also carries `prompt_tokens` (the prompt's token count, BOS included), so the
 gateway can report `usage`. The config's `sampling_parameters` lists the sampling fields
@@ -66,8 +83,9 @@ import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from modelswap_client import kv_cache, kv_sessions  # modelswap (KV cache)
 from modelswap_client import torch as mstorch  # modelswap
-from modelswap_client.triton import attach_model  # modelswap
+from modelswap_client.triton import KV_TAG, attach_model  # modelswap
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: How long `finalize` waits for each running request to finish.
@@ -306,14 +324,24 @@ class TritonPythonModel:
         self.eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
         self.threads = set()
         self.threads_lock = threading.Lock()
+        self.sessions = None  # conversations' KV caches, with spec.model.kvCacheBytes
+        if KV_TAG in self.att.regions:  # modelswap (KV cache)
+            kv = kv_cache.for_attachment(self.att, self.model.config)
+            self.sessions = kv_sessions.KvSessionStore(
+                kv,
+                namespace="",  # the gateway scopes session ids: namespace/name/id
+                model=args["model_name"],
+                max_sessions=int(parameter(config, "max_sessions", "16")),
+                hold=self.att.in_use,
+            )
+            self.att.report_kv(self.sessions.report)
 
-    def tokens(self, prompt_ids, sampling):
-        """Generated (token id, its scores or None), one at a time: the prompt in one
-        forward pass, then one token per pass over the KV cache."""
-        cache = DynamicCache(config=self.model.config)
+    def tokens(self, ids, cache, sampling):
+        """Generated (token id, its scores or None), one at a time: `ids` (what `cache`
+        does not hold yet) in one forward pass, then one token per pass over the cache."""
         device = self.model.device  # the region's: the CPU on the sim backend, else the GPU
         generator = sampling.generator(device)
-        ids = torch.tensor([prompt_ids], device=device)
+        ids = torch.tensor([ids], device=device)
         for _ in range(sampling.max_tokens):
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1, :].float()
@@ -349,37 +377,59 @@ class TritonPythonModel:
             error = pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
             sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             return
-        stream = TextStream(self.tokenizer, sampling.stop)
+        session = parameters.get("session_id")
         try:
-            with self.att.in_use(), torch.inference_mode():  # modelswap
-                pending, scores, reason = [], [], "length"
-                asked = sampling.logprobs is not None
-                prompt_tokens = len(prompt_ids)
-                generated = self.tokens(prompt_ids, sampling)
-                for count, (token, score) in enumerate(generated, start=1):
-                    if request.is_cancelled():  # the client hung up: stop generating for no one
-                        pb_utils.Logger.log_info(
-                            f"tinyllama: request cancelled by its client after {count - 1} tokens"
+            if session is not None and self.sessions is not None:
+                # the store holds in_use() for the turn (after its lock: never the other
+                # way round, or a swap-out draining could wait on a thread that waits on
+                # the lock)
+                turn_of = self.sessions.turn  # modelswap (KV cache)
+                with turn_of(str(session), prompt_ids, self.model) as turn:
+                    held = turn.reused_tokens + turn.recomputed_tokens
+                    with torch.inference_mode():
+                        generated = self.stream(
+                            request, sender, prompt_ids, sampling, cache=turn.cache, held=held
                         )
-                        sender.send(flags=FINAL)
-                        return
-                    pending.append(token)
-                    scores.append(score)
-                    text = stream.add(token)
-                    if token in self.eos or stream.stopped:
-                        reason = "stop"
-                        break
-                    if text and count < sampling.max_tokens:
-                        sender.send(
-                            response(text, pending, prompt_tokens, None, scores if asked else None)
-                        )
-                        pending, scores = [], []
-                rest = text + stream.finish()
-                final = response(rest, pending, prompt_tokens, reason, scores if asked else None)
-                sender.send(final, flags=FINAL)
+                    turn.keep(prompt_ids + generated)  # the answer is prefix next turn
+            else:
+                with self.att.in_use(), torch.inference_mode():  # modelswap
+                    cache = DynamicCache(config=self.model.config)
+                    self.stream(request, sender, prompt_ids, sampling, cache=cache, held=0)
         except Exception as e:  # the stream must end with a final response either way
             error = pb_utils.TritonError(f"tinyllama: {e}")
             sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+
+    def stream(self, request, sender, prompt_ids, sampling, *, cache, held):
+        """Generate over `cache`, which holds the first `held` tokens of the prompt, and
+        send the responses; the tokens generated."""
+        stream = TextStream(self.tokenizer, sampling.stop)
+        pending, scores, reason, generated = [], [], "length", []
+        asked = sampling.logprobs is not None
+        prompt_tokens = len(prompt_ids)
+        text = ""
+        for count, (token, score) in enumerate(
+            self.tokens(prompt_ids[held:], cache, sampling), start=1
+        ):
+            if request.is_cancelled():  # the client hung up: stop generating for no one
+                pb_utils.Logger.log_info(
+                    f"tinyllama: request cancelled by its client after {count - 1} tokens"
+                )
+                sender.send(flags=FINAL)
+                return generated
+            generated.append(token)
+            pending.append(token)
+            scores.append(score)
+            text = stream.add(token)
+            if token in self.eos or stream.stopped:
+                reason = "stop"
+                break
+            if text and count < sampling.max_tokens:
+                sender.send(response(text, pending, prompt_tokens, None, scores if asked else None))
+                pending, scores = [], []
+        rest = text + stream.finish()
+        final = response(rest, pending, prompt_tokens, reason, scores if asked else None)
+        sender.send(final, flags=FINAL)
+        return generated
 
     def _run(self, request, sender):
         try:

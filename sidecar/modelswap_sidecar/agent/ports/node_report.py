@@ -140,6 +140,8 @@ class NodeReporter:
                     generation=model.generation,
                     desired=model.desired,
                     host_bytes=model.host_bytes,
+                    kv_gpu_bytes=model.kv_gpu_bytes,
+                    kv_host_bytes=model.kv_host_bytes,
                     swap_ins=model.swap_ins,
                     swap_outs=model.swap_outs,
                     last_swap_in_seconds=model.last_swap_in_seconds,

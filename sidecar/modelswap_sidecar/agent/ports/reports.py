@@ -102,6 +102,7 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         gpu=gpu_uuids[model.gpu] if model.gpu is not None else None,
         resident_bytes=resident,
         host_bytes=host_bytes_of(engine, model),
+        **kv_bytes_of(status),
         last_request_time=rfc3339(model.last_request_wall_seconds),
         swap_ins=max(model.swap_ins, status.swap_ins if status else 0),
         swap_outs=max(model.swap_outs, status.swap_outs if status else 0),
@@ -111,6 +112,17 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         reason=reason or None,
         message=message or None,
     )
+
+
+def kv_bytes_of(status: ModelStatus | None) -> dict[str, int]:
+    """`ModelInfo`'s KV bytes per tier: what the model's session stores said with their
+    last heartbeats; GPU bytes only while its memory is mapped (a swapped-out model's KV
+    region holds no GPU memory, whatever its store last said)."""
+    if status is None:
+        return {}
+    kv = status.kv
+    gpu = kv.device_bytes if status.resident_bytes > 0 else 0
+    return {"kv_gpu_bytes": gpu, "kv_host_bytes": kv.host_bytes}
 
 
 def node_info(
