@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +23,9 @@ from modelswap_sidecar.heartbeat.report import NodeReport
 from modelswap_sidecar.heartbeat.settings import HeartbeatSettings
 from tests.support.kube_emulator.hosting import EmulatorThread
 from tests.support.kube_testing import REPO_ROOT, load_yaml
+from tests.support.waiting import until_on_loop
+
+T = TypeVar("T")
 
 LEASES = "modelswap-node-leases"
 NODE_NAME = "gpu-node-1"
@@ -72,12 +75,10 @@ def cluster() -> Iterator[EmulatorThread]:
         yield api
 
 
-async def eventually(predicate: Callable[[], Any], within_seconds: float = 10.0) -> Any:
-    deadline = time.monotonic() + within_seconds
-    while not (result := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-    return result
+async def eventually(predicate: Callable[[], T], what: str) -> T:
+    """`waiting.until_on_loop` at this file's pace (10 s; a look every 20 ms: many block
+    the loop on a request to the API emulator)."""
+    return await until_on_loop(predicate, what, 10.0, poll_seconds=0.02)
 
 
 def settings(**overrides: Any) -> HeartbeatSettings:
@@ -108,7 +109,8 @@ async def test_swapnode_appears_with_node_labels_taints_owner_and_report(
                                                 resident_bytes=1 << 20),))  # fmt: skip
         async with Heartbeat(settings(), KubeNodeCluster(api), lambda: report):
             swapnode = await eventually(
-                lambda: (sn := kube.read_swapnode(api, NODE_NAME)) and sn.get("status") and sn
+                lambda: (sn := kube.read_swapnode(api, NODE_NAME)) and sn.get("status") and sn,
+                "the SwapNode with a status",
             )
         node = kube.read_node(api, NODE_NAME)
         assert swapnode["metadata"]["ownerReferences"] == [
@@ -128,7 +130,7 @@ async def test_swapnode_appears_with_node_labels_taints_owner_and_report(
 
         # Owned by the Node: deleting the Node collects the SwapNode.
         kube.client.CoreV1Api(api).delete_node(NODE_NAME)
-        await eventually(lambda: kube.read_swapnode(api, NODE_NAME) is None)
+        await eventually(lambda: kube.read_swapnode(api, NODE_NAME) is None, "the SwapNode gone")
     finally:
         api.close()
 
@@ -141,19 +143,19 @@ async def test_status_is_written_only_when_something_changes(cluster: EmulatorTh
         reports = [NodeReport(agent_version="0.1.0", gpus=(GPU,))]
         heartbeat = Heartbeat(settings(), counting, lambda: reports[-1])
         async with heartbeat:
-            await eventually(lambda: counting.status_writes == 1)
+            await eventually(lambda: counting.status_writes == 1, "the first status write")
             version = kube.read_swapnode(api, NODE_NAME)["metadata"]["resourceVersion"]  # type: ignore[index]
             # Three Node re-reads (each also re-reads the SwapNode) and many comparisons
             # later, nothing was sent.
             reads = counting.node_reads
-            await eventually(lambda: counting.node_reads >= reads + 3)
+            await eventually(lambda: counting.node_reads >= reads + 3, "three Node reads")
             assert counting.status_writes == 1 == heartbeat.status_writes
             assert kube.read_swapnode(api, NODE_NAME)["metadata"]["resourceVersion"] == version  # type: ignore[index]
 
             reports.append(NodeReport(agent_version="0.1.0", gpus=(GPU,),
                                       models=(HostedModel(uid="u-2", state="SwappedOut"),)))  # fmt: skip
             heartbeat.status_changed()
-            await eventually(lambda: counting.status_writes == 2)
+            await eventually(lambda: counting.status_writes == 2, "the second status write")
             changed = kube.read_swapnode(api, NODE_NAME)
             assert changed is not None and changed["status"]["models"] == [
                 {"uid": "u-2", "state": "SwappedOut"}
@@ -166,9 +168,12 @@ async def test_status_is_written_only_when_something_changes(cluster: EmulatorTh
                 NODE_NAME, {"metadata": {"labels": {"pool": None}}}
             )
             await eventually(
-                lambda: "pool" not in kube.read_swapnode(api, NODE_NAME)["status"]["nodeLabels"]  # type: ignore[index]
+                lambda: "pool" not in kube.read_swapnode(api, NODE_NAME)["status"]["nodeLabels"],  # type: ignore[index]
+                "the label gone from the status",
             )
-            await eventually(lambda: counting.status_writes == 3)  # counted as the call returns
+            await eventually(
+                lambda: counting.status_writes == 3, "the third status write"
+            )  # counted as the call returns
             await asyncio.sleep(0.5)
             assert counting.status_writes == 3  # and only one write for it
     finally:
@@ -190,9 +195,11 @@ async def test_lease_is_renewed_and_goes_stale_once_the_heartbeat_stops(
             return parse_micro_time(lease["spec"]["renewTime"]) if lease else None
 
         async with heartbeat:
-            first = await eventually(renew_time)
-            await eventually(lambda: (t := renew_time()) is not None and t > first)
-            await eventually(lambda: len(renewals) >= 3)
+            first = await eventually(renew_time, "a renewTime")
+            await eventually(
+                lambda: (t := renew_time()) is not None and t > first, "a later renewTime"
+            )
+            await eventually(lambda: len(renewals) >= 3, "three renewals")
             assert not heartbeat.renewals_failing
             lease = kube.read_lease(api, LEASES, NODE_NAME)
             assert lease is not None
@@ -203,7 +210,8 @@ async def test_lease_is_renewed_and_goes_stale_once_the_heartbeat_stops(
         assert stopped is not None
         # Once the lease duration has passed, nothing renewed it: it is stale.
         duration = lease["spec"]["leaseDurationSeconds"]
-        await eventually(lambda: (datetime.now(UTC) - stopped).total_seconds() > duration + 0.2)
+        await eventually(lambda: (datetime.now(UTC) - stopped).total_seconds() > duration + 0.2,
+                         "the lease duration to pass")  # fmt: skip
         assert renew_time() == stopped
     finally:
         api.close()
@@ -232,7 +240,9 @@ async def test_renewals_fail_while_the_api_server_is_away(tmp_path: Path) -> Non
 
         async with heartbeat:
             task = asyncio.create_task(ticker())
-            await eventually(lambda: heartbeat.consecutive_renewal_failures >= 3)
+            await eventually(
+                lambda: heartbeat.consecutive_renewal_failures >= 3, "three failed renewals"
+            )
             task.cancel()
             assert heartbeat.renewals_failing and heartbeat.last_renewal_monotonic_seconds is None
             assert "unreachable" in (heartbeat.last_error or "")

@@ -44,7 +44,7 @@ from tests.support.node_supervised import SupervisedNode
 from tests.support.operator_processes import OperatorProcess
 from tests.support.operator_world import Objects, agents, emulator
 from tests.support.reliability import record
-from tests.support.waiting import until
+from tests.support.waiting import until, until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 T = TypeVar("T")
@@ -210,7 +210,8 @@ async def kill_run(targets: tuple[str, ...], kills: int, recovery_limit_seconds:
         )
         for uid in uids:
             await node.control.wait_state(uid, "Resident", timeout_seconds=120)
-        await _until(lambda: all_answer(url, reference, models), "every model answers", 60)
+        await until_async(lambda: all_answer(url, reference, models), "every model answers", 60,
+                          poll_seconds=0.1)  # fmt: skip
 
         tally = Tally()
         began = time.monotonic()
@@ -230,10 +231,11 @@ async def kill_run(targets: tuple[str, ...], kills: int, recovery_limit_seconds:
                     "moment": f"{moment:.1f} s into the run (seed {SEED})",
                 }
                 try:
-                    await _until(
+                    await until_async(
                         lambda: all_answer(url, reference, models),
                         f"every model to answer after the {target} was killed",
                         recovery_limit_seconds,
+                        poll_seconds=0.1,
                     )
                 except AssertionError:
                     lost, problems = await accounting(node, uids)
@@ -244,7 +246,8 @@ async def kill_run(targets: tuple[str, ...], kills: int, recovery_limit_seconds:
                            wrong=len(tally.wrong) - len(before.wrong), lost_bytes=lost)  # fmt: skip
                     raise
                 recovery = time.monotonic() - killed
-                await _until(lambda: _accounted(node, uids), "the agent's accounting", 60)
+                await until_async(lambda: _accounted(node, uids), "the agent's accounting", 60,
+                                  poll_seconds=0.1)  # fmt: skip
                 lost, problems = await accounting(node, uids)
                 record("faults", **row, outcome=_outcome(before, tally),
                        recovery_seconds=round(recovery, 2),
@@ -262,7 +265,8 @@ async def kill_run(targets: tuple[str, ...], kills: int, recovery_limit_seconds:
 
         # Stopped as the kubelet stops it: nothing left running, no shm region.
         assert node.stop() == 0, node.tail()
-        await _until(lambda: _nothing_left(folder, node.shm_prefix), "nothing left", 30)
+        await until_async(lambda: _nothing_left(folder, node.shm_prefix), "nothing left", 30,
+                          poll_seconds=0.1)  # fmt: skip
 
 
 @pytest.mark.timeout(900)
@@ -297,14 +301,6 @@ async def _accounted(node: SupervisedNode, uids: list[str]) -> bool:
 
 async def _nothing_left(folder: str, shm_prefix: str) -> bool:
     return not processes_mentioning(folder) and not shm_regions(shm_prefix)
-
-
-async def _until(probe: Any, what: str, timeout_seconds: float) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not await probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 # -- the operator ---------------------------------------------------------------------------------

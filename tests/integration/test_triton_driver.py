@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -22,15 +21,17 @@ from tests.support.triton_server import (
     parameters_for,
     running_triton,
 )
-from tests.support.waiting import wait_for
+from tests.support.waiting import until_async, wait_for
 
 
-async def wait_for_statistics(triton: RunningTriton, uid: str, count: int) -> ModelStatistics:
-    deadline = time.monotonic() + 10.0
-    while (stats := await triton.driver.statistics(uid)).inference_count < count:
-        assert time.monotonic() < deadline, f"{uid}: {stats}"
-        await asyncio.sleep(0.02)
-    return stats
+async def statistics_counting(triton: RunningTriton, uid: str, count: int) -> ModelStatistics:
+    """`uid`'s statistics once they count `count` inferences (within 10 s)."""
+
+    async def counted() -> ModelStatistics | None:
+        stats = await triton.driver.statistics(uid)
+        return stats if stats.inference_count >= count else None
+
+    return await until_async(counted, f"{uid}'s statistics to count {count} inferences", 10.0)
 
 
 def _alive(pid: int) -> bool:
@@ -71,7 +72,7 @@ async def test_load_infer_statistics_vouch_unload(tmp_path: Path) -> None:
 
         # Triton counts an inference once `execute` returns, which may be just after the
         # response reached us.
-        after = await wait_for_statistics(triton, uid, 1)
+        after = await statistics_counting(triton, uid, 1)
         assert after.inference_count == 1 and after.success_count == 1
         assert after.last_inference_seconds is not None
         assert started - 1.0 <= after.last_inference_seconds <= time.time() + 1.0
@@ -112,8 +113,8 @@ async def test_two_models_with_the_same_name_from_two_namespaces_serve_side_by_s
         assert voucher.vouch(pid_a, triton.driver.name_of(first))
         assert not voucher.vouch(pid_a, triton.driver.name_of(second))
         _, _, _ = await triton.echo(second, [2.0])
-        assert (await wait_for_statistics(triton, first, 1)).inference_count == 1
-        assert (await wait_for_statistics(triton, second, 2)).inference_count == 2
+        assert (await statistics_counting(triton, first, 1)).inference_count == 1
+        assert (await statistics_counting(triton, second, 2)).inference_count == 2
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from modelswap_sidecar.triton.process import (
 )
 from modelswap_sidecar.triton.stubs import descendant_stub_pids
 from tests.support.triton_server import tritonserver_binary
+from tests.support.waiting import until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "models"
@@ -54,16 +54,9 @@ T = TypeVar("T")
 async def eventually(
     probe: Callable[[], Awaitable[T]], *, timeout_seconds: float = 30.0, what: str = "condition"
 ) -> T:
-    """Await `probe()` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while True:
-        last = await probe()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-        await asyncio.sleep(0.05)
+    """`waiting.until_async` with the agent's pace: 30 s by default, a look (a request to
+    the agent, usually) every 50 ms."""
+    return await until_async(probe, what, timeout_seconds, poll_seconds=0.05)
 
 
 # -- Triton ---------------------------------------------------------------------------------

@@ -50,23 +50,34 @@ async def until(probe: Callable[[], T], what: str, timeout_seconds: float = 60.0
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-async def until_on_loop(probe: Callable[[], T], what: str, timeout_seconds: float = 20.0) -> T:
-    """Call `probe` on the loop, yielding between looks, until it answers something truthy."""
+async def until_on_loop(
+    probe: Callable[[], T], what: str, timeout_seconds: float = 20.0, *, poll_seconds: float = 0.005
+) -> T:
+    """Call `probe` on the loop, yielding between looks, until it answers something truthy.
+    A probe that blocks (a request) holds the loop: give it a longer `poll_seconds`."""
     deadline = time.monotonic() + timeout_seconds
     while not (found := probe()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(poll_seconds)
     return found
 
 
 async def until_async(
-    probe: Callable[[], Awaitable[T]], what: str, timeout_seconds: float = 20.0
+    probe: Callable[[], Awaitable[T]],
+    what: str,
+    timeout_seconds: float = 20.0,
+    *,
+    poll_seconds: float = 0.02,
 ) -> T:
-    """Await `probe()` until it answers something truthy."""
+    """Await `probe()` until it answers something truthy; fail at the deadline naming
+    `what` and the last answer. A costly probe (a request, a scan of /proc) takes a longer
+    `poll_seconds`."""
     deadline = time.monotonic() + timeout_seconds
     while not (found := await probe()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
+            raise AssertionError(
+                f"timed out after {timeout_seconds:g} s waiting for {what} (last: {found!r})"
+            )
+        await asyncio.sleep(poll_seconds)
     return found

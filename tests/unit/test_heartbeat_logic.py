@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +25,7 @@ from modelswap_sidecar.heartbeat.objects import (
 )
 from modelswap_sidecar.heartbeat.report import NodeReport
 from modelswap_sidecar.heartbeat.settings import HeartbeatSettings
+from tests.support.waiting import until_on_loop
 
 NODE = {
     "apiVersion": "v1",
@@ -200,13 +199,6 @@ class FakeCluster:
         return self._stamp(self.lease)
 
 
-async def eventually(predicate: Callable[[], object], within_seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + within_seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 class Clock:
     def __init__(self) -> None:
         self.seconds = 100.0
@@ -318,13 +310,15 @@ async def test_renewal_failures_are_counted_and_reported_until_it_works_again() 
     heartbeat, _, renewed = make(cluster, [REPORT], renew_interval_seconds=0.01,
                                  lease_duration_seconds=1, status_interval_seconds=0.01)  # fmt: skip
     async with heartbeat:
-        await eventually(lambda: renewed)
+        await until_on_loop(lambda: renewed, "a renewal", 5.0, poll_seconds=0.01)
         assert not heartbeat.renewals_failing and heartbeat.last_renewal_monotonic_seconds == 100.0
         cluster.down = True
-        await eventually(lambda: heartbeat.consecutive_renewal_failures >= 3)
+        await until_on_loop(lambda: heartbeat.consecutive_renewal_failures >= 3,
+                            "three failed renewals", 5.0, poll_seconds=0.01)  # fmt: skip
         assert heartbeat.renewals_failing and "unreachable" in (heartbeat.last_error or "")
         before = len(renewed)
         cluster.down = False
-        await eventually(lambda: not heartbeat.renewals_failing)
+        await until_on_loop(lambda: not heartbeat.renewals_failing, "renewals working again", 5.0,
+                            poll_seconds=0.01)  # fmt: skip
         assert len(renewed) > before
     assert not heartbeat.running
