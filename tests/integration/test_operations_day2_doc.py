@@ -83,7 +83,7 @@ from tests.support.operator_world import Objects, agents, emulator
 from tests.support.operator_world import operator as operator_thread
 from tests.support.origin import Files, mlp_archive, served
 from tests.support.service_calls import mlp_answers, slice_address
-from tests.support.waiting import until
+from tests.support.waiting import until, until_async
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -214,7 +214,7 @@ async def test_helm_upgrade_as_the_doc_gives_it_keeps_every_model_ready(tmp_path
                     watch = Watch(serving, 0.3)
                     watch.start()
                     try:
-                        surge = await upgrade(
+                        surge, upgraded = await upgrade(
                             api,
                             release,
                             command=command,
@@ -243,6 +243,20 @@ async def test_helm_upgrade_as_the_doc_gives_it_keeps_every_model_ready(tmp_path
                     assert after["metadata"]["uid"] == before["metadata"]["uid"]
                     assert after["status"]["node"] == NODE
                     assert after["status"]["phase"] == "Resident", after["status"]
+
+                # Then the node pod, replaced by one from the new manifests (the drain's
+                # `delete pod`; one node here, so the model has nowhere to move): a new Triton
+                # and an empty host store, the model reloaded from its source and answering.
+                async with node_pod(api, upgraded, NODE) as replaced:
+                    runtime = replaced.child("runtime")["pid"]
+                    assert runtime != runtime_pid
+                    await until(
+                        lambda: stub_pids(runtime), "classify reloaded under the new Triton", 90
+                    )
+                    await chart_ready(cluster, "classify")
+                    await until_async(lambda: answers(cluster, "classify"),
+                                      "classify answering from the new node pod", 60)  # fmt: skip
+                    assert (cluster.model("classify") or {})["status"]["node"] == NODE
         finally:
             if surge is not None:
                 surge.stop()
@@ -257,11 +271,11 @@ async def upgrade(
     values: dict[str, Any],
     tmp_path: Path,
     old_pod: OperatorPod,
-) -> OperatorPod:
+) -> tuple[OperatorPod, Release]:
     """The doc's `helm upgrade` with one value changed, then what the Deployment controller
     and the kubelet do with the rendered strategy: a surge pod from the new manifests, the
     old pod stopped once the new one is ready (its /healthz, the readiness probe). Answers
-    the new pod, leading."""
+    the new pod, leading, and the upgraded release."""
     changed = json.loads(json.dumps(values))
     changed["policyDefaults"]["swapPolicy"]["minResident"] = "2m"
     values_file = tmp_path / "upgraded-values.yaml"
@@ -307,7 +321,15 @@ async def upgrade(
     assert health(old_port, "/readyz") == 200
     old_pod.stop()  # SIGTERM: exit 0, the Lease released
     await until(lambda: health(port, "/readyz") == 200, "the new pod to lead", 60)
-    return surge
+    return surge, new
+
+
+async def answers(cluster: Cluster, name: str) -> bool:
+    try:
+        await classify_through_service(cluster, name)
+    except (AssertionError, httpx.HTTPError):
+        return False
+    return True
 
 
 # -- the upgrade order ----------------------------------------------------------------------
@@ -329,19 +351,30 @@ def add_status_field(api: EmulatorThread, name: str) -> None:
 
 
 @pytest.mark.timeout(300)
-async def test_an_agent_newer_than_the_operator_is_left_out(
+async def test_a_field_the_other_version_does_not_know_is_refused_both_ways(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The operator reads SwapNode status strictly: a field it does not know (a newer
     agent's, written after a newer CRD) makes it leave that node out, so its models lose
-    their place. Hence the doc's order: the operator first, the node pods after."""
+    their place. Hence the doc's order: the operator first, the node pods after. The other
+    way is strict too: an agent refuses a desired set with a field it does not know (a
+    newer operator's), so that order holds only while the new operator sends nothing new."""
     with emulator() as api:
         objects = Objects(api)
         # No periodic status rewrites: the newer agent's field stays until the test removes it.
-        async with agents(api, tmp_path, names=("node-a",), status_interval_seconds=600):
+        async with agents(api, tmp_path, names=("node-a",), status_interval_seconds=600) as nodes:
             with operator_thread(api), caplog.at_level(logging.WARNING):
                 objects.apply(classify_on("pinned-here", "node-a"))
                 await wait_ready(objects, "pinned-here")
+
+                # A newer operator's set: refused whole, naming the field (under term 0, so
+                # that, were it taken, it could not replace the operator's set either).
+                newer_set = {"revision": {"term": 0, "counter": 0}, "entries": [],
+                             NEWER_FIELD: "x"}  # fmt: skip
+                refused = await nodes["node-a"].control.client.put("/v1/desired", json=newer_set)
+                assert refused.status_code == 400, refused.text
+                assert NEWER_FIELD in refused.text and "unknown field" in refused.text, refused.text
+                assert objects.condition("pinned-here", "Ready")["status"] == "True"
 
                 add_status_field(api, NEWER_FIELD)
                 objects.custom.patch_cluster_custom_object_status(
