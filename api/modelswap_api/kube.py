@@ -1,14 +1,11 @@
 """The only module that imports `kubernetes`: API clients shared by the operator and agent.
 
-Configuration is explicit — a kubeconfig path, or the in-cluster service account — and the
-returned `ApiClient` is passed down; nothing here reads the environment at import time.
-
-Below them, one generic create/read/update/delete (`Objects`) over a table of kinds
-(`Kind`), and the helpers callers name (`read_lease`, ...), each one kind's method. Every
-call is one blocking request (`timeout_seconds` bounds it) that answers plain JSON dicts
-and raises `KubeError` / `NotFound` / `Conflict` (`modelswap_api.errors`), never the
-client's exceptions; callers on an event loop run them in a thread. Bodies still pass
-through the client's typed methods, whose models check them before they are sent.
+`api_client` takes explicit configuration (a kubeconfig path, or the in-cluster service
+account); nothing here reads the environment at import time. Below it, one generic CRUD
+(`Objects`) over a table of kinds (`Kind`), and the helpers callers name (`read_lease`,
+...), each one kind's method: one blocking request (`timeout_seconds` bounds it) through the
+client's typed methods, plain JSON dicts in and out, errors as `KubeError` / `NotFound` /
+`Conflict` (`modelswap_api.errors`); callers on an event loop run them in a thread.
 """
 
 from __future__ import annotations
@@ -107,10 +104,8 @@ def _call(what: str, method: Callable[..., Any], *args: Any, timeout_seconds: fl
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise KubeError(f"{what}: API server unreachable: {e}") from e
     except ValueError as e:
-        # Newer clients check a body against their models (pydantic) before sending it, and
-        # that error quotes the offending values: a Secret's data among them. Say where
-        # the body is wrong, never what it holds, and drop the chained error for the same
-        # reason.
+        # The client checks a body against its models (pydantic) before sending it, and that
+        # error quotes the values (a Secret's data): say where, never what, and unchained.
         raise KubeError(f"{what}: the request does not fit the API's schema: {_where(e)}") from None
     try:
         data = json.loads(response.data)
@@ -155,16 +150,16 @@ class Objects:
                  said: str = "", what: str = "", status: bool = False,
                  **options: Any) -> _Json:  # fmt: skip
         """`verb` on the object (its status subresource when `status`); errors say `what`,
-        else `said` (else `verb`) and the object. A custom resource's methods are generic (`get_` +
-        `namespaced_custom_object(group, version, namespace, plural, name)`), a built-in
-        kind's typed (`read_namespaced_service(name, namespace)`)."""
+        else `said` (else `verb`) and the object. Custom resources' methods are generic
+        (`get_namespaced_custom_object(group, version, namespace, plural, name)`), built-in
+        kinds' typed (`read_namespaced_service(name, namespace)`)."""
         kind, tail = self.kind, "_status" if status else ""
         names = [name] if verb not in ("create", "list") else []
         spaces = [namespace] if namespace is not None else []
         if kind.group:
             scope = "namespaced" if namespace is not None else "cluster"
-            verb_ = "get" if verb == "read" else verb
-            method = getattr(client.CustomObjectsApi(api), f"{verb_}_{scope}_custom_object{tail}")
+            named = "get" if verb == "read" else verb
+            method = getattr(client.CustomObjectsApi(api), f"{named}_{scope}_custom_object{tail}")
             args = [kind.group, kind.version, *spaces, kind.plural, *names]
         else:
             scope = "namespaced_" if kind.namespaced else ""
@@ -190,9 +185,9 @@ class Objects:
 
     def create(self, api: _Api, namespace: str | None, body: Mapping[str, Any], *,
                timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
-        """Create an object (a status in `body` is ignored where the kind has a status
-        subresource); Conflict when it exists. Errors name it (its name, else its
-        `generateName`), never its data. An Event: give it a unique name or generateName."""
+        """Create an object (`body`'s status is ignored where the kind has a status
+        subresource); Conflict when it exists. Errors name it (name, else generateName),
+        never its data."""
         metadata = body.get("metadata", {})
         name = metadata.get("name") or metadata.get("generateName", "")
         return self._request(api, "create", namespace, name, dict(body),
@@ -207,18 +202,16 @@ class Objects:
 
     def patch(self, api: _Api, namespace: str | None, name: str, merge_patch: Mapping[str, Any],
               *, timeout_seconds: float = _TIMEOUT, said: str = "") -> _Json:  # fmt: skip
-        """Merge-patch an object; its status subresource, which the main resource ignores,
-        is written by `patch_status`. A JSON merge patch, not a strategic one: keys set to
-        None are removed, keys left out kept, lists (`finalizers`, a Service's `ports`)
-        replaced whole, so send them complete. NotFound when the object is gone."""
+        """A JSON merge patch (not strategic: None removes a key, lists such as `finalizers`
+        or `ports` are replaced whole); a status subresource is `patch_status`'s. NotFound
+        when the object is gone."""
         return self._request(api, "patch", namespace, name, dict(merge_patch), said=said,
                              _content_type=_MERGE_PATCH,
                              timeout_seconds=timeout_seconds)  # fmt: skip
 
     def patch_status(self, api: _Api, namespace: str, name: str, merge_patch: Mapping[str, Any],
                      *, timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
-        """`patch` the status subresource: `merge_patch` is the whole object's shape
-        (`{"status": {...}}`); conditions, a list, are replaced whole."""
+        """`patch` the status subresource: `merge_patch` is shaped `{"status": {...}}`."""
         return self._request(api, "patch", namespace, name, dict(merge_patch), status=True,
                              _content_type=_MERGE_PATCH,
                              timeout_seconds=timeout_seconds)  # fmt: skip
@@ -226,8 +219,7 @@ class Objects:
     def replace_status(self, api: _Api, namespace: str | None, name: str,
                        status: Mapping[str, Any], *,
                        timeout_seconds: float = _TIMEOUT) -> _Json:  # fmt: skip
-        """Set an object's whole status (a JSON patch `add /status`: keys left out are
-        removed, which a merge patch would keep)."""
+        """Set the whole status (JSON patch `add /status`: keys left out are removed)."""
         body = [{"op": "add", "path": "/status", "value": dict(status)}]
         return self._request(api, "patch", namespace, name, body, said="write", status=True,
                              _content_type=_JSON_PATCH,
@@ -258,8 +250,7 @@ class Objects:
 
     def scale(self, api: _Api, namespace: str, name: str, replicas: int, *,
               timeout_seconds: float = _TIMEOUT) -> bool:  # fmt: skip
-        """Set `spec.replicas` (a merge patch): True when it was patched, False when there
-        is no such object."""
+        """Set `spec.replicas`: True when patched, False when there is no such object."""
         patch = {"spec": {"replicas": replicas}}
         return _done(lambda: self.patch(api, namespace, name, patch, said="scale",
                                         timeout_seconds=timeout_seconds))  # fmt: skip
