@@ -1142,7 +1142,8 @@ def test_served_conversations_keep_their_kv_across_swaps(reference: Reference) -
     host tier past offloadAfterTokens. Swapped out mid-conversation: with `kv: preserve`
     the next turns answer the same and compute no cached token again (the agent's
     modelswap_kv_tokens_recomputed_total stays 0 while tokens reused grow); with
-    `discard`, the same answers and the recompute counted."""
+    `discard`, the same answers and the recompute counted; and after `preserve` is edited
+    to `discard` mid-conversation, the same again."""
     files = {"keep.yaml": kv_yaml("keep", "preserve"), "drop.yaml": kv_yaml("drop", "discard")}
     with local_up(files, MODELS) as node:
         for name in ("keep", "drop"):
@@ -1203,6 +1204,25 @@ def test_served_conversations_keep_their_kv_across_swaps(reference: Reference) -
                 assert after["tokens_recomputed_total"] >= held
                 assert after["tokens_reused_total"] == 0
                 assert after["session_misses_total"] == 6
+
+        # The policy flipped mid-conversation (a live edit of keep.yaml to kv: discard):
+        # the next swap-out discards, and the third turns still answer transformers'
+        # tokens, their cached prefixes computed again and counted.
+        chats, generation = talks["keep"], node.model("keep")["generation"]
+        before = kv_figures(node, "keep")
+        (node.folder / "keep.yaml").write_text(kv_yaml("keep", "discard"))
+        wait_for(lambda: node.model("keep")["generation"] > generation, 60, "the edit applied")
+        assert node.swap("keep", "out")["outcome"] == "completed"
+        for talk in chats:
+            talk.follow_up("and now?")
+        side_by_side(node, reference, chats)
+        flipped = wait_for(
+            lambda: (f := kv_figures(node, "keep"))["session_misses_total"] == 3 + 3 and f,
+            30,
+            "keep's KV report of the third turns",
+        )
+        assert flipped["tokens_recomputed_total"] > before["tokens_recomputed_total"] == 0
+        assert flipped["session_hits_total"] == before["session_hits_total"]
 
 
 def test_answers_are_checked_against_transformers_not_a_fixed_string(reference: Reference) -> None:
