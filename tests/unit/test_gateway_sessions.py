@@ -132,3 +132,39 @@ def test_session_of_bounds_and_precedence() -> None:
     with pytest.raises(BadRequestError, match=r"^user: must be a string$"):
         generation.session_of(None, ["u"], "user")
     assert generation.scoped_session(CHAT_A, "é/x") == "team-a/chat/é/x"
+
+
+@pytest.mark.asyncio
+async def test_grpc_passes_the_session_of_its_metadata_or_parameter_scoped() -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from tests.unit.test_gateway_grpc_bounds import NS, fp32, world
+
+    def request(session: str | int | None = None) -> service_pb2.ModelInferRequest:
+        r = fp32([1, 2], b"\0" * 8)
+        if isinstance(session, str):
+            r.parameters["session_id"].string_param = session
+        elif isinstance(session, int):
+            r.parameters["session_id"].int64_param = session
+        return r
+
+    async with world(resident=True) as w:
+        await w.stub.ModelInfer(request("s1"), metadata=NS, timeout=30)
+        await w.stub.ModelInfer(request("s1"), metadata=(*NS, (HEADER.lower(), "s2")), timeout=30)
+        await w.stub.ModelInfer(request(), metadata=NS, timeout=30)
+
+        async def stream() -> Any:
+            yield request("s3")
+
+        _ = [a async for a in w.stub.ModelStreamInfer(stream(), metadata=NS, timeout=30)]
+        sessions = [
+            r.parameters["session_id"].string_param if "session_id" in r.parameters else None
+            for r in w.triton.got
+        ]
+        assert sessions == ["team-a/m/s1", "team-a/m/s2", None, "team-a/m/s3"]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await w.stub.ModelInfer(request(7), metadata=NS, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == "parameters.session_id: must be a string"
+        assert len(w.triton.got) == 4  # refused before Triton

@@ -25,6 +25,10 @@ model's configuration: `tensors.check_config`): INVALID_ARGUMENT `BadRequest` wi
 message naming the input. `ServerMetadata` lists only the extensions this front serves
 (`extensions.served_grpc` over `serves`).
 
+Sessions: a conversation's session, named by the metadata `x-modelswap-session` or the
+request parameter `session_id` (a string), reaches Triton as `session_id` scoped
+`namespace/name/id`, as over HTTP (`generation.session_of`, docs/GATEWAY.md "Sessions").
+
 Which model: the gRPC `:authority` is not visible to a grpcio server, so the namespace comes
 from the model name written `namespace/name`, else from the request metadata
 `modelswap-namespace`; a bare name resolves in local mode only (else INVALID_ARGUMENT
@@ -55,7 +59,7 @@ from typing import Any, NoReturn, TypeVar, cast
 import grpc  # type: ignore[import-untyped]  # no stubs ship with grpcio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from modelswap_sidecar.gateway import extensions, grpc_tensors, tensors
+from modelswap_sidecar.gateway import extensions, generation, grpc_tensors, tensors
 from modelswap_sidecar.gateway.config_reads import read_model_config
 from modelswap_sidecar.gateway.context import Call, Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
@@ -145,6 +149,35 @@ def trailing_metadata(error: GatewayError) -> tuple[tuple[str, str], ...]:
             (RETRY_PUSHBACK_METADATA, str(seconds * 1000)),
         ]
     return tuple(out)
+
+
+#: The metadata naming a conversation's session (HTTP's `X-Modelswap-Session`, lower-cased
+#: as gRPC metadata keys are).
+SESSION_METADATA = generation.SESSION_HEADER.lower()
+
+
+def scope_session(
+    request: service_pb2.ModelInferRequest,
+    route: ModelRoute,
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> None:
+    """The session the request names (metadata `x-modelswap-session`, else its string
+    parameter `session_id`) put back in `session_id` scoped `namespace/name/id`; nothing
+    when it names none. BadRequestError for a session that is not one."""
+    metadata = {key: value for key, value in context.invocation_metadata() or ()}
+    header = metadata.get(SESSION_METADATA)
+    given: object = None
+    name = generation.SESSION_PARAMETER
+    if name in request.parameters:
+        parameter = request.parameters[name]
+        if parameter.WhichOneof("parameter_choice") != "string_param":
+            raise BadRequestError(f"parameters.{name}: must be a string")
+        given = parameter.string_param
+    session = generation.session_of(
+        header if isinstance(header, str) else None, given, f"parameters.{name}"
+    )
+    if session is not None:
+        request.parameters[name].string_param = generation.scoped_session(route, session)
 
 
 def _stream_message(error: GatewayError) -> str:
@@ -323,6 +356,7 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
                     "ModelStreamInfer only"
                 )
             inputs = grpc_tensors.infer_request(request)
+            scope_session(request, route, context)
             await self._check_config(call, route, inputs)
             gw.directory.record_request(route.uid, gw.clock())
             request.model_name = route.triton_name
@@ -610,6 +644,7 @@ class _Stream:
     async def _admit(self, request: service_pb2.ModelInferRequest) -> ModelRoute:
         route = self.front._route(request.model_name, self.context)
         inputs = grpc_tensors.infer_request(request)
+        scope_session(request, route, self.context)
         call = self.calls.get(route.uid)
         if call is None:
             call = self.calls[route.uid] = _Call()
