@@ -759,6 +759,47 @@ def test_sessions_side_by_side_and_requests_without_one(
     assert stats["sessions"] == 16 and stats["evictions"] == len(prompts)
 
 
+def test_a_session_near_the_4096_token_context_reuses_its_prefix(
+    kv_served: InProcess, reference: Reference
+) -> None:
+    """A conversation of nearly the whole context (4,096 tokens): its K/V past
+    offloadAfterTokens in the host tier, the follow-up answered as transformers answers
+    the whole prompt, its prefix reused."""
+    prompt = ("0123456789abcdef" * 256)[: CONTEXT - 200]
+    first = kv_served.one(prompt, max_tokens=8, session_id="long")
+    assert first.tokens == reference.tokens(prompt, 8)
+    nxt = follow_up(reference, prompt, first.tokens, "ok")
+    assert len(reference.ids(nxt)) + MAX_TOKENS < CONTEXT
+    second = kv_served.one(nxt, max_tokens=MAX_TOKENS, session_id="long")
+    assert second.tokens == reference.tokens(nxt)
+    stats = kv_stats(kv_served)
+    assert stats["tokens_reused"] == expected_reuse(reference, prompt, first.tokens, nxt) > 3800
+    assert stats["host_bytes"] > 3 << 20  # past the first 32 tokens: host tier
+
+
+def test_sessions_beyond_the_tiers_are_evicted_and_answer_right(
+    model_py: types.ModuleType, monkeypatch: pytest.MonkeyPatch, reference: Reference
+) -> None:
+    """Tiers too small for every conversation (4 KV-region blocks, 16 host blocks of 16
+    tokens): sessions are evicted least recently used, an evicted one starts again, every
+    answer equals transformers', and the host tier never holds more than its bytes."""
+    host_bytes = 16 * 16 << 10
+    att = _KvAttachment(4 * 16 << 10, OFFLOAD_AFTER_TOKENS, host_bytes)
+    served = InProcess(model_py, monkeypatch, att)
+    prompts = [f"user: {word * 12}\nassistant:" for word in ("alpha ", "beta ", "gamma ")]
+    answers = {}
+    for turn in range(2):
+        for i, prompt in enumerate(prompts):
+            text = prompt if turn == 0 else follow_up(reference, prompt, answers[i], "more")
+            answer = served.one(text, max_tokens=MAX_TOKENS, session_id=f"s{i}")
+            assert answer.error is None, answer.error
+            assert answer.tokens == reference.tokens(text), (turn, i)
+            answers.setdefault(i, answer.tokens)
+            stats = kv_stats(served)
+            assert stats["host_bytes"] <= host_bytes
+    assert stats["evictions"] > 0
+
+
 # -- the Hugging Face folder ---------------------------------------------------------------------
 
 
