@@ -30,7 +30,7 @@ def api_client(settings: AgentSettings) -> Any | None:
     if access.kubeconfig is not None:
         try:
             return kube.api_client(str(access.kubeconfig))
-        except Exception as e:  # ConfigException, OSError, YAML errors: all unusable
+        except Exception as e:  # KubeConfigError, OSError, YAML errors: all unusable
             raise StartupError(
                 f"kube.kubeconfig: {access.kubeconfig} cannot be used: {_reason(e)}"
             ) from e
