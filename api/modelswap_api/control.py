@@ -99,6 +99,11 @@ class DesiredEntry(_Wire):
     credentials: SourceCredentials | None = None
     #: UUID of the GPU the operator placed the model on; unset: the agent chooses.
     gpu: str | None = None
+    #: The generation at which `spec.model` last changed (the "model generation"): with
+    #: `uid` it names the model *instance* the agent holds (`agent.core.instances`). An
+    #: entry with a new model generation is a changed model, rolled out beside the old
+    #: instance; unset (a sender that does not say, local mode): model generation 1.
+    model_generation: int | None = None
     #: The effective policy (the spec's policy fields merged over the cluster defaults, as
     #: in the ModelDeployment's status.effectivePolicy); every field set. The sender (the
     #: operator, local mode) computes it once; the agent applies it as given.
@@ -156,6 +161,8 @@ class ModelInfo(_Wire):
     state: str  # engine state (modelswap_sidecar.engine.states.EngineState)
     phase: Phase
     generation: int | None = None
+    #: The model generation of the instance reported (the one that serves, or loads)
+    model_generation: int | None = None
     desired: bool = True
     gpu: str | None = None
     resident_bytes: int = 0
@@ -174,6 +181,13 @@ class ModelInfo(_Wire):
     reason: str | None = None
     message: str | None = None
     unload_in_seconds: float | None = None
+    #: While a changed model rolls out (`agent.core.instances`): `RollingOut` (the new
+    #: instance loads beside the old, which serves), `RolloutInterrupts` (no room for
+    #: both: the old was released first), `RolloutFailed` (the new one failed; the old
+    #: serves); the model generation it rolls out to, and a message for people.
+    rollout_reason: str | None = None
+    rollout_model_generation: int | None = None
+    rollout_message: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,6 +294,11 @@ def _check_entry(entry: DesiredEntry, path: str) -> None:
     if entry.generation > MAX_GENERATION:
         raise ModelError(
             join_path(path, "generation"), f"must be at most {MAX_GENERATION} (2^63 - 1)"
+        )
+    if entry.model_generation is not None and not 1 <= entry.model_generation <= entry.generation:
+        raise ModelError(
+            join_path(path, "modelGeneration"),
+            f"must be 1 or more and at most the entry's generation ({entry.generation})",
         )
     _check_policy(entry.policy, join_path(path, "policy"))
 

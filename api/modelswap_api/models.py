@@ -187,6 +187,14 @@ class ModelDeploymentStatus(_Wire):
     last_swap_in_seconds: float | None = None
     effective_policy: EffectivePolicyStatus | None = None
     observed_generation: int | None = None
+    #: The generation at which `spec.model` last changed: the model generation that
+    #: should serve (`modelswap_operator.model_generations`), and the digest of the
+    #: `spec.model` fields it was decided from.
+    model_generation: int | None = None
+    model_digest: str | None = None
+    #: The model generation its node serves (while a changed model rolls out, the old one
+    #: until the new one answers); unset while none serves.
+    serving_model_generation: int | None = None
     conditions: tuple[Condition, ...] | None = None
 
 
@@ -257,6 +265,14 @@ class HostedModel(_Wire):
     #: The desired entry's generation the agent holds (the ModelDeployment's
     #: metadata.generation when the operator sent it).
     generation: int | None = None
+    #: The model generation of the instance reported: the one that serves, or loads
+    #: (`agent.core.instances`).
+    model_generation: int | None = None
+    #: While a changed model rolls out: `RollingOut`, `RolloutInterrupts` or
+    #: `RolloutFailed`, the model generation rolled out to, and the message for people.
+    rollout_reason: str | None = None
+    rollout_model_generation: int | None = None
+    rollout_message: str | None = None
     #: False once dropped from the desired set while its host-store bytes are kept.
     desired: bool | None = None
     host_bytes: int | None = None

@@ -1,6 +1,7 @@
 """Each node's desired set, built from the plan (pure).
 
-An entry carries the model's identity, generation, spec, the GPU the planner chose, the
+An entry carries the model's identity, generation, model generation (`model_generations`:
+with the uid it names the instance the node holds), spec, the GPU the planner chose, the
 effective policy computed once here (the agent keeps no defaults of its own for it) and
 the source credentials resolved from the model's Secret. One invalid entry makes the agent
 refuse the whole PUT, so an entry that cannot be sent is left out and reported on its own
@@ -97,7 +98,9 @@ def entry_for(
     gpu: str,
     policy: EffectivePolicy,
     credentials: SourceCredentials | None,
+    model_generation: int | None = None,
 ) -> DesiredEntry:
+    """The entry; `model_generation` (`model_generations`) names the instance to hold."""
     metadata = deployment.metadata
     return DesiredEntry(
         uid=str(metadata["uid"]),
@@ -108,6 +111,7 @@ def entry_for(
         credentials=credentials,
         gpu=gpu,
         policy=policy.to_status(),
+        model_generation=model_generation,
     )
 
 

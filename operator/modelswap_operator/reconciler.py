@@ -50,7 +50,7 @@ from modelswap_api.control import (
 )
 from modelswap_api.errors import ContractError
 from modelswap_api.models import HostedModel, ModelDeployment, SwapNode
-from modelswap_operator import desired, planner, routing, terms
+from modelswap_operator import desired, model_generations, planner, routing, terms
 from modelswap_operator.agents import AgentAddress, AgentClients
 from modelswap_operator.cache import Body, Cache, Snapshot
 from modelswap_operator.errors import (
@@ -285,6 +285,9 @@ class Reconciler:
         #: nothing.
         self._last_plan: _Planned | None = None
         self._statuses: dict[str, dict[str, Any]] = {}
+        #: Per uid: (digest of spec.model, model generation) last sent (`model_generations`),
+        #: kept until its status records them.
+        self._model_generations: dict[str, tuple[str, int]] = {}
         self._release_waiters: dict[str, asyncio.Event] = {}
         #: (uid, generation) -> (field, message) of entries an agent refused.
         self._refused: dict[tuple[str, int], tuple[str, str]] = {}
@@ -399,7 +402,7 @@ class Reconciler:
 
         verdicts = await self._plan(snap, live, active)
         verdicts.update(unreadable)
-        entries = await self._entries(live, active, verdicts, reports)
+        entries = await self._entries(live, active, verdicts, reports, snap.deployments)
         if not self._terms_learned:
             await self._learn_terms(snap, live)
         await self._push_all(snap, live, entries, now)
@@ -465,6 +468,7 @@ class Reconciler:
         active: list[ModelDeployment],
         verdicts: dict[str, Verdict],
         reports: Mapping[str, Mapping[str, HostedModel]],
+        bodies: Mapping[str, Body],
     ) -> dict[str, list[DesiredEntry]]:
         """Each live node's set; a model whose entry cannot be sent gets its problem in its
         verdict instead (and is not sent: the agent would refuse the whole set).
@@ -507,7 +511,11 @@ class Reconciler:
                         verdict, source_problem=f"{field_path}: {unusable}", source_reason=reason
                     )
             entry = desired.entry_for(
-                deployment, gpu=verdict.gpu or "", policy=verdict.policy, credentials=credentials
+                deployment,
+                gpu=verdict.gpu or "",
+                policy=verdict.policy,
+                credentials=credentials,
+                model_generation=self._model_generation_of(deployment, bodies.get(uid)),
             )
             problem = desired.check_entry(entry)
             if problem is not None:
@@ -520,6 +528,20 @@ class Reconciler:
                 continue
             by_node[verdict.node].append(entry)
         return by_node
+
+    def _model_generation_of(self, deployment: ModelDeployment, body: Body | None) -> int:
+        """The model generation to send (`model_generations`), remembered until its status
+        is written: `spec.model` changed since the last one makes a new instance."""
+        uid = str(deployment.metadata["uid"])
+        model_digest = model_generations.digest(deployment.spec.model)
+        decided = model_generations.model_generation(
+            generation=int(deployment.metadata.get("generation") or 1),
+            model_digest=model_digest,
+            status=self._statuses.get(uid) or (body or {}).get("status"),
+            remembered=self._model_generations.get(uid),
+        )
+        self._model_generations[uid] = (model_digest, decided)
+        return decided
 
     async def _credentials_secret(
         self, namespace: str, name: str
@@ -876,6 +898,8 @@ class Reconciler:
             del self._statuses[uid]
         for uid in set(self._status_inputs) - set(snap.deployments):
             del self._status_inputs[uid]
+        for uid in set(self._model_generations) - set(snap.deployments):
+            del self._model_generations[uid]
         self._refused = {
             key: why for key, why in self._refused.items() if key[0] in snap.deployments
         }
@@ -936,7 +960,10 @@ class Reconciler:
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in previous.get("conditions") or ()
             )
+            model_generation = self._model_generations.get(uid)
             found[uid] = Observed(
+                model_digest=model_generation[0] if model_generation else None,
+                model_generation=model_generation[1] if model_generation else None,
                 was_ready=was_ready,
                 node_live=node in live,
                 hosted=(reports.get(node) or {}).get(uid),

@@ -16,6 +16,12 @@ Conditions (a user acts on their reasons):
   answers, the node holds it or reloads it on demand (`SERVING_PHASES`; a model that was
   Ready stays so while it loads again), and it is routed. `serves` is that rule less the
   routing: the EndpointSlice's `ready` is it, so the slice and the condition agree.
+- `RolledOut`: the model generation that should serve (`status.modelGeneration`, the
+  generation at which `spec.model` last changed) is the one its node serves
+  (`status.servingModelGeneration`), or none serves an older one. False while a changed
+  model rolls out: `RollingOut` (the new one loads beside the old, which serves),
+  `RolloutInterrupts` (no room for both: the old was released first and requests wait
+  for the new; a Warning Event), `RolloutFailed` (the new one failed; the old serves).
 The phase is the node's phase for the model, or `Unknown` while its node cannot vouch for
 it (its Lease is stale or its agent unreachable): a stale report is never shown as news.
 A condition keeps its `lastTransitionTime` while its status stays the same.
@@ -62,9 +68,12 @@ PROGRESS_REASONS = frozenset(
         "Deleting",
         "Pending",
         "Dropped",
+        "RollingOut",
     }
 )
-CONDITION_TYPES = ("PolicyValid", "Placed", "Loaded", "Ready")
+CONDITION_TYPES = ("PolicyValid", "Placed", "Loaded", "Ready", "RolledOut")
+#: Reasons of a False `RolledOut` the agent reports (`agent.core.instances`).
+ROLLING_OUT, ROLLOUT_INTERRUPTS, ROLLOUT_FAILED = "RollingOut", "RolloutInterrupts", "RolloutFailed"
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,10 @@ class Observed:
     #: request that found it dropped, or a restarted Triton) stays Ready, the request
     #: waiting for the load; a first load is not Ready until it is loaded.
     was_ready: bool = False
+    #: The model generation sent to its node (`model_generations`) and the digest it was
+    #: decided from; None for a model not sent.
+    model_generation: int | None = None
+    model_digest: str | None = None
 
 
 def build_status(
@@ -126,6 +139,8 @@ def build_status(
         _loaded(verdict, observed),
     ]
     conditions.append(_ready(verdict, observed))
+    serving_generation = _serving_generation(observed)
+    conditions.append(_rolled_out(observed, serving_generation))
     phase = _phase(deleting, placed, observed)
     resident_bytes = (hosted.resident_bytes or 0) if hosted else 0
     host_bytes = (hosted.host_bytes or 0) if hosted else 0
@@ -152,9 +167,54 @@ def build_status(
         last_swap_in_seconds=hosted.last_swap_in_seconds if hosted else None,
         effective_policy=verdict.policy.to_status() if verdict.policy else None,
         observed_generation=generation,
+        model_generation=observed.model_generation or _kept(previous, "modelGeneration"),
+        model_digest=observed.model_digest or _kept_text(previous, "modelDigest"),
+        serving_model_generation=serving_generation,
         conditions=tuple(_keep_transition_times(conditions, previous, now)),
     )
     return status.to_dict()
+
+
+def _kept(previous: Mapping[str, Any] | None, key: str) -> int | None:
+    """An int the status had, kept while this turn decided none (a model not sent)."""
+    value = (previous or {}).get(key)
+    return value if isinstance(value, int) else None
+
+
+def _kept_text(previous: Mapping[str, Any] | None, key: str) -> str | None:
+    value = (previous or {}).get(key)
+    return value if isinstance(value, str) else None
+
+
+def _serving_generation(observed: Observed) -> int | None:
+    """The model generation its node serves: the reported instance's, while the node can
+    vouch for it and the instance answers (`SERVING_PHASES`)."""
+    hosted = observed.hosted
+    if hosted is None or not _vouched(observed) or hosted.state not in SERVING_PHASES:
+        return None
+    return hosted.model_generation or 1  # an agent that does not say holds model generation 1
+
+
+def _rolled_out(observed: Observed, serving: int | None) -> Condition:
+    """Whether the model generation that should serve is the one served (see the module)."""
+    hosted, push, wanted = observed.hosted, observed.push, observed.model_generation
+    reason = hosted.rollout_reason if hosted is not None and _vouched(observed) else None
+    message = (hosted.rollout_message if hosted is not None else None) or ""
+    pushed = push.reason if push is not None else None
+    if (pushed in (ROLLING_OUT, ROLLOUT_FAILED) and reason is None) or pushed == ROLLOUT_INTERRUPTS:
+        reason, message = pushed, (push.message if push is not None else None) or message
+    behind = wanted is not None and serving is not None and serving != wanted
+    if reason is not None and (behind or serving is None):
+        return Condition(type="RolledOut", status="False", reason=reason,
+                         message=message or f"rolling out model generation {wanted}")  # fmt: skip
+    if behind:
+        return Condition(type="RolledOut", status="False", reason=ROLLING_OUT,
+                         message=f"model generation {serving} serves; {wanted} is on its "
+                                 "way")  # fmt: skip
+    shown = serving or wanted
+    what = f"model generation {shown}" if shown is not None else "the model"
+    return Condition(type="RolledOut", status="True", reason="Current",
+                     message=f"{what} is the one its spec.model asks for")  # fmt: skip
 
 
 def _swap_count(

@@ -71,7 +71,9 @@ async def test_apply_edit_delete_and_node_loss(tmp_path: Path) -> None:
                     )
                     conditions = {c["type"]: c["status"] for c in status["conditions"]}
                     assert conditions == {"PolicyValid": "True", "Placed": "True",
-                                          "Loaded": "True", "Ready": "True"}  # fmt: skip
+                                          "Loaded": "True", "Ready": "True",
+                                          "RolledOut": "True"}  # fmt: skip
+                    assert status["modelGeneration"] == status["servingModelGeneration"] == 1
                 await classify_through_service(objects, "classify")
                 await complete_through_service(objects, "summarize", "summarize")
                 await complete_through_service(objects, "chat-pinned", "chat")

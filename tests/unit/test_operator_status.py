@@ -65,6 +65,7 @@ def test_a_served_model_is_ready_with_the_nodes_figures() -> None:
     assert conditions(status) == {
         "PolicyValid": ("True", "Valid"), "Placed": ("True", "Placed"),
         "Loaded": ("True", "Resident"), "Ready": ("True", "Serving"),
+        "RolledOut": ("True", "Current"),
     }  # fmt: skip
 
 

@@ -50,13 +50,13 @@ async def adopt(
     engine = actuator.engine
     adopted: list[AgentModel] = []
     for entry in saved_entries():
-        if entry.uid in actuator.records:
-            continue  # the operator pushed it first
         try:  # a saved entry this agent cannot hold (an older agent took it) stays out
             model = AgentModel(entry=entry, policy=policy_of(entry))
         except Exception as e:
             log.warning("not adopting %s: %s", entry.uid, e)
             continue
+        if any(held.deployment_uid == entry.uid for held in actuator.records.values()):
+            continue  # the operator pushed it first (this model generation or another)
         try:
             model.gpu = engine.gpu_of(model.triton_name)
         except UnknownModel:
@@ -66,7 +66,7 @@ async def adopt(
             model.serving = Serving.LOADING
             model.reason, model.message = "Adopting", "waiting for its clients to readopt"
             adopted.append(model)
-        actuator.records[entry.uid] = model
+        actuator.records[model.uid] = model  # keyed by instance (`instances`)
     if adopted:
         log.info("adopting %d model(s) held before this agent started", len(adopted))
     deadline = time.monotonic() + engine.readopt_grace_seconds + 5.0

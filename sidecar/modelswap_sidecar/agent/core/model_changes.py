@@ -3,9 +3,12 @@
 `spec.model.source` (uri, sha256), `weightsBytes`, `kvCacheBytes` or `runtime` changing
 for a model that is loaded, or whose bytes the host store keeps, cannot be taken in place:
 the runtime serves the old weights, and a later load would restore the old bytes from the
-host store, not the new source. Until reloading in place exists, such an entry is answered
-`conflict` (`ModelChanged`, naming the fields) and nothing of it is applied; the model
-keeps serving as it was. `spec.model.name` (the name users call) and the credentials
+host store, not the new source. A changed model is a new *instance*: the operator sends it
+with a new model generation (`DesiredEntry.model_generation`, `instances`) and the agent
+rolls it out beside the old one. An entry that changes these fields under the same model
+generation (a sender that does not track model generations) is answered `conflict`
+(`ModelChanged`, naming the fields) and nothing of it is applied; the model keeps serving
+as it was. `spec.model.name` (the name users call) and the credentials
 Secret change nothing in memory and are taken in place. A model that holds nothing yet
 (pending, deferred, or failed before any byte was kept) takes the new spec as usual — a
 corrected source is how a failed load is fixed. Pure.
@@ -42,10 +45,9 @@ def refusal(uid: str, fields: tuple[str, ...], held_as: str) -> EntryResult:
         outcome="conflict",
         reason="ModelChanged",
         message=(
-            f"{', '.join(fields)} changed for a model this node holds ({held_as}); it is not "
-            "reloaded in place, and nothing of this entry was applied (the model serves as "
-            "before). To load the new model, drop the entry from the set and delete it "
-            "(DELETE /v1/models/{uid}) before sending it again, or re-create the "
-            "ModelDeployment"
-        ).replace("{uid}", uid),
+            f"{', '.join(fields)} changed for a model this node holds ({held_as}) under the "
+            "same model generation; nothing of this entry was applied (the model serves as "
+            "before). A changed model is rolled out when its entry carries a new "
+            'modelGeneration, as the operator sends it (docs/AGENT.md, "Model instances")'
+        ),
     )

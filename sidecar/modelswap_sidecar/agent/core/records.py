@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from modelswap_api.control import DesiredEntry
 from modelswap_api.policy import EffectivePolicy
+from modelswap_sidecar.agent.core.instances import RolloutNote, instance_key, model_generation_of
 from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.sources.resolver import ResolvedSource
 from modelswap_sidecar.triton.naming import triton_model_name
@@ -32,6 +33,12 @@ def user_name_of(entry: DesiredEntry) -> str:
     """The name users call the model: `spec.model.name`, else its metadata name. The
     gateway routes by it and every per-model metric's `model` label carries it."""
     return entry.spec.model.name or entry.name
+
+
+def answers(model: AgentModel) -> bool:
+    """The instance answers requests (after a swap-in if needed): desired and loaded in the
+    runtime (or dropped, reloaded on the next request)."""
+    return model.desired and model.serving in (Serving.LOADED, Serving.DROPPED)
 
 
 @dataclass
@@ -64,17 +71,36 @@ class AgentModel:
     #: Work on this record that raised unexpectedly, by what it was (`isolation`): while
     #: any is set the model is reported Failed with reason `AgentError`.
     faults: dict[str, str] = field(default_factory=dict)
-    #: Derived once from the UID, so a record that exists always has one.
+    #: An entry of a later model generation of its ModelDeployment arrived: this instance
+    #: serves until the new one answers, then is drained and released (`instances`).
+    superseded: bool = False
+    #: Set on every instance of a ModelDeployment while a changed model rolls out.
+    rollout: RolloutNote | None = None
+    #: Derived once from the UID and model generation, so a record that exists has them.
+    _key: str = field(init=False, repr=False)
     _triton_name: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         """ValueError for a UID that is not a UUID: such a record is never made, so no
         loop, report or route over the records can trip over it later."""
-        self._triton_name = triton_model_name(self.entry.uid)
+        self._key = instance_key(self.entry.uid, self.entry.model_generation)
+        self._triton_name = triton_model_name(self._key)
 
     @property
     def uid(self) -> str:
+        """The instance's key (`instances.instance_key`): what the records, the engine,
+        Triton and the policy name it by; the ModelDeployment's own uid for model
+        generation 1. Reports to the operator carry `deployment_uid`."""
+        return self._key
+
+    @property
+    def deployment_uid(self) -> str:
         return self.entry.uid
+
+    @property
+    def model_generation(self) -> int:
+        """The model generation this instance holds (fixed: a new one is a new record)."""
+        return model_generation_of(self.entry.model_generation)
 
     @property
     def triton_name(self) -> str:

@@ -33,9 +33,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.instances import ROLLOUT_INTERRUPTS
 from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.knowledge import DesiredKnowledge
 from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
+from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
     ModelNotKnownYetError,
@@ -57,6 +59,19 @@ _SWAPPABLE = (Serving.LOADED, Serving.DROPPED)
 
 #: How soon a client may ask again for a model the agent may still be told of.
 _KNOWN_SOON_SECONDS = 1
+
+
+def _waitable(model: AgentModel) -> bool:
+    """A load under way, or a rollout's new instance waiting for the old one's release (no
+    room for both: requests wait for it as for a swap-in)."""
+    if model.serving in _WAITABLE:
+        return True
+    rollout = model.rollout
+    return (
+        model.serving is Serving.PENDING
+        and rollout is not None
+        and rollout.reason == ROLLOUT_INTERRUPTS
+    )
 
 
 def user_name(model: AgentModel) -> str:
@@ -96,9 +111,11 @@ class AgentDirectory:
     # -- routes ------------------------------------------------------------------------------
 
     def _served(self) -> list[AgentModel]:
+        """The desired models held, one instance per ModelDeployment: while a changed model
+        rolls out, the old instance until the new one answers (`reports.reported`)."""
         return [
             m
-            for m in list(self.actuator.records.values())
+            for m in reports.reported(list(self.actuator.records.values()))
             if m.desired and m.serving not in (Serving.UNLOADING, Serving.UNLOADED)
         ]
 
@@ -220,7 +237,7 @@ class AgentDirectory:
     async def _wait_loaded(self, model: AgentModel) -> None:
         deadline = self.clock() + self.load_wait_seconds
         # loads finish in the actuator's own task, which signals `changed` when they end
-        while model.serving in _WAITABLE and self.clock() < deadline:
+        while _waitable(model) and self.clock() < deadline:
             await self.actuator.changed(deadline - self.clock())
         if model.serving not in _SWAPPABLE:
             detail = f": {model.reason} {model.message}".rstrip() if model.reason else ""

@@ -124,7 +124,9 @@ class NodeReporter:
             links=self.links,
         )
         gpus = tuple(info.gpus)
-        records = sorted(self.actuator.records.values(), key=lambda m: m.uid)
+        records = sorted(
+            reports.reported(self.actuator.records.values()), key=lambda m: m.deployment_uid
+        )
         self.request_times.keep_only([record.uid for record in records])
         models = []
         for record, model in zip(records, reports.model_infos(engine, records, uuids), strict=True):
@@ -138,6 +140,10 @@ class NodeReporter:
                     gpu=model.gpu,
                     resident_bytes=model.resident_bytes,
                     generation=model.generation,
+                    model_generation=model.model_generation,
+                    rollout_reason=model.rollout_reason,
+                    rollout_model_generation=model.rollout_model_generation,
+                    rollout_message=bounded(model.rollout_message, MAX_MESSAGE_CHARS),
                     desired=model.desired,
                     host_bytes=model.host_bytes,
                     kv_gpu_bytes=model.kv_gpu_bytes,

@@ -9,8 +9,9 @@ from collections.abc import Iterable, Sequence
 
 from modelswap_api.control import ModelInfo, NodeInfo
 from modelswap_api.models import GpuStatus, Link
+from modelswap_sidecar.agent.core import instances
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, guarded
-from modelswap_sidecar.agent.core.records import LOADED, AgentModel, user_name_of
+from modelswap_sidecar.agent.core.records import LOADED, AgentModel, answers, user_name_of
 from modelswap_sidecar.engine.core import Engine, ModelStatus
 from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.engine.states import EngineState
@@ -44,17 +45,38 @@ def host_bytes_of(engine: Engine, model: AgentModel) -> int:
 
 def fault_info(model: AgentModel) -> ModelInfo:
     """What is reported for a model whose report itself failed: its identity, `Failed`."""
+    rollout = model.rollout
     return ModelInfo(
-        uid=model.uid,
+        uid=model.deployment_uid,
         namespace=model.entry.namespace,
         name=model.entry.name,
         generation=model.entry.generation,
+        model_generation=model.model_generation,
+        rollout_reason=rollout.reason if rollout is not None else None,
+        rollout_model_generation=rollout.model_generation if rollout is not None else None,
+        rollout_message=rollout.message if rollout is not None else None,
         state=str(EngineState.FAILED),
         phase="Failed",
         desired=model.desired,
         reason=FAULT_REASON,
         message=fault_message(model) or None,
     )
+
+
+def reported(models: Iterable[AgentModel]) -> list[AgentModel]:
+    """One instance per ModelDeployment, the one that serves it (`instances.chosen`): the
+    operator and the control API see ModelDeployments, in the records' order. Several
+    instances of one uid exist only while one of them is superseded (a rollout), so
+    without any the records are taken as they are (the gateway asks on every request)."""
+    models = list(models)
+    if not any(m.superseded for m in models):
+        return models
+    grouped = instances.by_deployment(models)
+    shown = {
+        uid: instances.chosen(held, answers, lambda m: not m.superseded)
+        for uid, held in grouped.items()
+    }
+    return [m for m in models if shown.get(m.deployment_uid) is m]
 
 
 def model_infos(
@@ -91,11 +113,16 @@ def model_info(engine: Engine, model: AgentModel, gpu_uuids: tuple[str, ...]) ->
         # loaded once; since then the engine moved it (a swap, a drop): its phase is the
         # reason, so a dropped model never reads `Loaded` beside "making room for ..."
         reason = phase
+    rollout = model.rollout
     return ModelInfo(
-        uid=model.uid,
+        uid=model.deployment_uid,
         namespace=model.entry.namespace,
         name=model.entry.name,
         generation=model.entry.generation,
+        model_generation=model.model_generation,
+        rollout_reason=rollout.reason if rollout is not None else None,
+        rollout_model_generation=rollout.model_generation if rollout is not None else None,
+        rollout_message=rollout.message if rollout is not None else None,
         state=state,
         phase=phase,
         desired=model.desired,
@@ -190,8 +217,9 @@ def node_sample(engine: Engine, models: list[AgentModel], gpu_uuids: tuple[str, 
             )
         )
     # the `model` label is the name users call (the gateway's series carry the same)
-    names = {m.uid: user_name_of(m.entry) for m in models}
-    kv = {m.uid: kv_report_of(engine, m) for m in models}
+    models = reported(models)
+    names = {m.deployment_uid: user_name_of(m.entry) for m in models}
+    kv = {m.deployment_uid: kv_report_of(engine, m) for m in models}
     samples = [
         ModelSample(
             model=ModelLabels(
