@@ -40,6 +40,8 @@ BUILTIN_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
         "queueTimeout": "60s",
         "maxTokens": DEFAULT_MAX_TOKENS,
         "maxPromptBytes": "1Mi",  # DEFAULT_MAX_PROMPT_BYTES
+        # off: requests go to the model as they come (docs/GATEWAY.md, batch shaping)
+        "batchShaping": {"maxWaitMilliseconds": 0, "promptBytesEdges": []},
     },
 }
 
@@ -50,6 +52,7 @@ BUILTIN_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
 ADDED_FIELDS: tuple[tuple[str, str], ...] = (
     ("gateway", "maxTokens"),
     ("gateway", "maxPromptBytes"),
+    ("gateway", "batchShaping"),
 )
 
 

@@ -104,11 +104,21 @@ class KvCachePolicy(_Wire):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BatchShapingPolicy(_Wire):
+    """`spec.gateway.batchShaping`: prompt-length buckets (UTF-8 bytes) and the longest
+    wait in one; off while `max_wait_milliseconds` is 0."""
+
+    max_wait_milliseconds: int
+    prompt_bytes_edges: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatewayPolicy(_Wire):
     max_queued: int | None = None
     queue_timeout: Duration | None = None
     max_tokens: int | None = None
     max_prompt_bytes: Quantity | None = None
+    batch_shaping: BatchShapingPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +156,7 @@ class EffectivePolicyStatus(_Wire):
     queue_timeout: str | None = None
     max_tokens: int | None = None
     max_prompt_bytes: int | None = None
+    batch_shaping: BatchShapingPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ from modelswap_api.defaults import (
 )
 from modelswap_api.errors import PolicyError
 from modelswap_api.field_errors import FieldError, show_value
-from modelswap_api.models import EffectivePolicyStatus, KvMode, OnSwapOut
+from modelswap_api.models import BatchShapingPolicy, EffectivePolicyStatus, KvMode, OnSwapOut
 from modelswap_api.quantities import Duration, Quantity
 from modelswap_api.validation import SchemaValidator
 
@@ -44,8 +44,11 @@ STATUS_FIELDS: Mapping[str, tuple[str, str]] = {
     "queueTimeout": ("gateway", "queueTimeout"),
     "maxTokens": ("gateway", "maxTokens"),
     "maxPromptBytes": ("gateway", "maxPromptBytes"),
+    "batchShaping": ("gateway", "batchShaping"),
 }
 _STATUS_FIELD_OF = {merged: name for name, merged in STATUS_FIELDS.items()}
+#: `gateway.batchShaping` off (the built-in default).
+SHAPING_OFF = BatchShapingPolicy(max_wait_milliseconds=0)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class EffectivePolicy:
     max_tokens: int = DEFAULT_MAX_TOKENS
     #: longest prompt of one generate request, UTF-8 bytes
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    #: prompt-length buckets the gateway groups requests by (off: a wait of 0)
+    batch_shaping: BatchShapingPolicy = SHAPING_OFF
 
     @classmethod
     def from_status(cls, status: EffectivePolicyStatus) -> EffectivePolicy:
@@ -101,6 +106,7 @@ class EffectivePolicy:
             queue_timeout=self.queue_timeout.raw,
             max_tokens=self.max_tokens,
             max_prompt_bytes=self.max_prompt_bytes,
+            batch_shaping=self.batch_shaping,
         )
 
 
@@ -142,6 +148,7 @@ def _policy_of(merged: Mapping[str, Mapping[str, Any]]) -> EffectivePolicy:
         queue_timeout=Duration(gateway["queueTimeout"]),
         max_tokens=int(gateway["maxTokens"]),
         max_prompt_bytes=Quantity(gateway["maxPromptBytes"]).bytes,
+        batch_shaping=BatchShapingPolicy.from_dict(gateway["batchShaping"]),
     )
 
 

@@ -17,6 +17,7 @@ from modelswap_sidecar.gateway.errors import GatewayError
 from modelswap_sidecar.gateway.metrics import GatewayMetrics
 from modelswap_sidecar.gateway.queueing import SwapInQueues
 from modelswap_sidecar.gateway.settings import GatewaySettings
+from modelswap_sidecar.gateway.shaping import BatchShaper
 from modelswap_sidecar.gateway.upstream import Upstream
 
 #: Which API a route belongs to: how its errors are written.
@@ -78,6 +79,8 @@ class Gateway:
     model_configs: ModelConfigs = field(default_factory=ModelConfigs)
     #: The calls at Triton now, by model, for `GatewayApp.end_requests`.
     at_triton: AtTriton = field(default_factory=AtTriton)
+    #: Prompt-length buckets of the models with `spec.gateway.batchShaping` on.
+    shaper: BatchShaper = field(default_factory=BatchShaper)
 
 
 class Call:

@@ -35,6 +35,11 @@ class ModelRoute:
     max_tokens: int = DEFAULT_MAX_TOKENS
     #: Longest prompt of one generate request, UTF-8 bytes (`spec.gateway.maxPromptBytes`).
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    #: Session-less generate requests wait up to this long in their prompt-length bucket
+    #: (`spec.gateway.batchShaping`; 0: off, `shaping`).
+    shaping_wait_seconds: float = 0.0
+    #: The buckets' edges in prompt UTF-8 bytes, strictly increasing.
+    shaping_edges_bytes: tuple[int, ...] = ()
 
 
 class ModelDirectory(Protocol):

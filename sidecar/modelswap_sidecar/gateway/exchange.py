@@ -87,6 +87,11 @@ class Exchange:
         #: whole milliseconds)
         self.queued = False
         self.received_at_seconds = gw.clock()
+        #: A session-less generate request's prompt UTF-8 bytes: it waits in its bucket
+        #: before Triton when the model shapes batches (`shaping`); None never waits.
+        self.shape_prompt_bytes: int | None = None
+        #: seconds it waited in its bucket
+        self.shaped_seconds = 0.0
         self._stream: web.StreamResponse | None = None
         call.exchange = self
 
@@ -154,6 +159,10 @@ class Exchange:
         target = model_path(self.route.triton_name, self.call.version, path)
         for attempt in (1, 2):
             await self.admit()
+            prompt_bytes = self.shape_prompt_bytes if attempt == 1 else None
+            if prompt_bytes is not None and self.route.shaping_wait_seconds > 0:
+                # off, the request goes on as before: no wait, nothing awaited
+                self.shaped_seconds = await self.gw.shaper.hold(self.route, prompt_bytes)
             # from here it holds the model's work at Triton: a swap-out whose drain it
             # outlasts ends it (`GatewayApp.end_requests`)
             self.gw.at_triton.add(self.route.triton_name, self.call)

@@ -64,6 +64,11 @@ def check_generate_body(body: Mapping[str, Any], route: ModelRoute) -> None:
         check_max_tokens(parameters.get(MAX_TOKENS), route, f"parameters.{MAX_TOKENS}")
 
 
+def prompt_bytes(fields: Mapping[str, Any]) -> int:
+    """A v2 generate body's prompt (`text_input`) in UTF-8 bytes."""
+    return _strings_bytes(fields.get(TEXT_INPUT))
+
+
 def _strings_bytes(value: object) -> int:
     """UTF-8 bytes of every string in `value` (a string or nested lists; the body's
     nesting is bounded before it is parsed)."""

@@ -115,6 +115,8 @@ async def _text(call: Call, parse: Callable[[Any], openai.TextRequest]) -> web.S
     exchange = Exchange(
         call, route, progress=wants_progress(request, streaming=text_request.stream)
     )
+    if session_id is None:  # conversations run one by one at the model: never batched
+        exchange.shape_prompt_bytes = generation.utf8_bytes(text_request.prompt)
     completion = openai.Completion(text_request, created=int(gw.clock()))
     try:
         if text_request.requirements():

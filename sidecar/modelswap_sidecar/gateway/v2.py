@@ -387,9 +387,12 @@ async def _generate_stream(call: Call) -> web.StreamResponse:
     body = await _read_body(gw, request)
     fields = tensors.json_object(body, "the request's JSON")
     generation.check_generate_body(fields, route)
-    body = _scoped(call, fields, route, body)
+    scoped = _scoped(call, fields, route, body)
     cap = generation.ResponseCap(route)
     exchange = Exchange(call, route, progress=wants_progress(request, streaming=True))
+    if scoped is body:  # no session: batched at the model, so shaped (`shaping`)
+        exchange.shape_prompt_bytes = generation.prompt_bytes(fields)
+    body = scoped
     try:
         headers = forwarded_headers(request.headers)
         await _check_inputs(

@@ -138,6 +138,8 @@ class AgentDirectory:
             queue_timeout_seconds=model.policy.queue_timeout.seconds,
             max_tokens=model.policy.max_tokens,
             max_prompt_bytes=model.policy.max_prompt_bytes,
+            shaping_wait_seconds=model.policy.batch_shaping.max_wait_milliseconds / 1000,
+            shaping_edges_bytes=model.policy.batch_shaping.prompt_bytes_edges,
         )
 
     def routes(self, namespace: str | None) -> Sequence[ModelRoute]:
