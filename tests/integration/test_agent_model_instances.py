@@ -3,7 +3,8 @@ a new model generation is a new instance, loaded beside the old one under its ow
 name; the old one serves until the new one answers and is then released.
 
 Failure paths: a new model generation that fails to load leaves the old one serving,
-reported `RolloutFailed`; the set going back to the old model generation drops the failed
+reported `RolloutFailed`, also after the agent is killed mid-rollout (both instances taken
+back, the old one readopted); the set going back to the old model generation drops the failed
 instance; a changed `spec.model` under the same model generation is still refused
 (`ModelChanged`), without pointing at the internal DELETE.
 """
@@ -45,7 +46,7 @@ async def ready_in_triton(triton: Triton) -> set[str]:
 @pytest.mark.timeout(240)
 async def test_instances_roll_out_fail_back_and_release(tmp_path: Path) -> None:
     async with node(tmp_path) as n:
-        triton, _agent, control, models = n.parts()
+        triton, agent, control, models = n.parts()
         first = triton_model_name(UID)
         assert (await control.desired([at(1, 1)]))[UID]["outcome"] == "applied"
         await control.wait_state(UID, "Resident")
@@ -65,6 +66,22 @@ async def test_instances_roll_out_fail_back_and_release(tmp_path: Path) -> None:
         assert info["modelGeneration"] == 1 and info["phase"] == "Resident", info
         assert info["rolloutModelGeneration"] == 2 and "old one serves" in info["rolloutMessage"]
         assert (await models.mlp(UID, x)).checksum == reference.mlp_checksum(32 * MIB)
+
+        # The agent killed mid-rollout: the new one takes back both instances (the old
+        # one readopted from Triton, serving on), and the next push goes on with the rollout.
+        await agent.kill9()
+        await agent.start()
+
+        async def adopted() -> dict[str, Any] | None:
+            info = await control.model(UID)
+            return info if info["phase"] == "Resident" else None
+
+        info = await until_async(adopted, "the old instance readopted", 60)
+        assert info["modelGeneration"] == 1, info
+        assert (await models.mlp(UID, x)).checksum == reference.mlp_checksum(32 * MIB)
+        await control.desired([broken])
+        info = await until_async(failed, "the rollout reported failed again", 60)
+        assert info["modelGeneration"] == 1 and info["phase"] == "Resident", info
 
         # The set goes back to model generation 1: the failed instance is dropped.
         answer = (await control.desired([at(1, 3)]))[UID]
@@ -105,6 +122,12 @@ async def test_instances_roll_out_fail_back_and_release(tmp_path: Path) -> None:
         await until_async(settled, "the rollout note cleared once released", 30)
         listed = await control.models()
         assert list(listed) == [UID] and listed[UID]["modelGeneration"] == 5
+
+        # The control API's swaps act on the instance that serves and name the uid asked.
+        out = (await control.swap(UID, "out")).json()
+        assert (out["uid"], out["outcome"]) == (UID, "completed"), out
+        back = (await control.swap(UID, "in")).json()
+        assert (back["uid"], back["outcome"]) == (UID, "completed"), back
 
         # Out of the set: every instance goes once the grace period ends.
         await control.desired([])

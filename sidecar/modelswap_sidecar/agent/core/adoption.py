@@ -49,20 +49,33 @@ async def adopt(
         index = {}
     engine = actuator.engine
     adopted: list[AgentModel] = []
+    #: the instance of each uid the operator pushed before adoption ran: the current one
+    pushed_first = {m.deployment_uid: m for m in actuator.records.values() if not m.superseded}
     for entry in saved_entries():
         try:  # a saved entry this agent cannot hold (an older agent took it) stays out
             model = AgentModel(entry=entry, policy=policy_of(entry))
         except Exception as e:
             log.warning("not adopting %s: %s", entry.uid, e)
             continue
-        if any(held.deployment_uid == entry.uid for held in actuator.records.values()):
-            continue  # the operator pushed it first (this model generation or another)
+        if model.uid in actuator.records:
+            continue  # the operator pushed it first
+        # Several instances of a uid were saved mid-rollout, the older ones first: each
+        # earlier one (and any beside an instance the operator pushed first) serves on as
+        # superseded until the backend's next take of the current one releases it.
+        for held in actuator.records.values():
+            if held.deployment_uid == entry.uid:
+                held.superseded = held.superseded or pushed_first.get(entry.uid) is not held
+        model.superseded = entry.uid in pushed_first
         try:
             model.gpu = engine.gpu_of(model.triton_name)
         except UnknownModel:
             model.gpu = None
         served = index.get(model.triton_name)
-        if served is not None and served.state == "READY" and model.gpu is not None:
+        readopts = served is not None and served.state == "READY" and model.gpu is not None
+        if model.superseded and not readopts:
+            log.info("not taking back %s: replaced, and Triton no longer serves it", model.uid)
+            continue
+        if readopts:
             model.serving = Serving.LOADING
             model.reason, model.message = "Adopting", "waiting for its clients to readopt"
             adopted.append(model)

@@ -15,6 +15,7 @@ in the background by a `DesiredFileWriter`, never while the caller waits holding
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
@@ -97,6 +98,9 @@ class AgentBackend:
         #: per GPU, for `GET /v1/node` (None: sim GPUs, link kind sim)
         self.gpu_products = gpu_products
         self.gpu_links = gpu_links
+        #: ModelDeployments whose rollout a task watches (`_watch`): an instance taken
+        #: back with older ones beside it (a restart mid-rollout) gets one on its next push
+        self._rolling: set[str] = set()
 
     @property
     def records(self) -> dict[str, AgentModel]:
@@ -177,6 +181,13 @@ class AgentBackend:
                 other.superseded = True
             self._note(model, others, instances.ROLLING_OUT, "back to this model generation")
             self._watch(model, others)
+        elif entry.uid not in self._rolling:  # readopted mid-rollout: it goes on
+            others = [m for m in self.instances_of(entry.uid) if m is not model]
+            if others:
+                for other in others:
+                    other.superseded = True
+                self._note(model, others, instances.ROLLING_OUT, "taken back after a restart")
+                self._watch(model, others)
         return await self._update(model, entry, policy)
 
     def instances_of(self, uid: str) -> list[AgentModel]:
@@ -236,6 +247,7 @@ class AgentBackend:
             instance.rollout = note
 
     def _watch(self, model: AgentModel, older: list[AgentModel]) -> None:
+        self._rolling.add(model.deployment_uid)
         self.actuator.spawn(self._release_when_served(model, older), f"rollout-{model.uid}")
 
     def _replaced(self, model: AgentModel) -> bool:
@@ -243,6 +255,13 @@ class AgentBackend:
         return self.records.get(model.uid) is not model or model.superseded or not model.desired
 
     async def _release_when_served(self, model: AgentModel, older: list[AgentModel]) -> None:
+        try:
+            await self._release_when_served_once(model, older)
+        finally:
+            if not any(m.superseded for m in self.instances_of(model.deployment_uid)):
+                self._rolling.discard(model.deployment_uid)
+
+    async def _release_when_served_once(self, model: AgentModel, older: list[AgentModel]) -> None:
         """Once `model` answers: the gateway routes to it (`instances.chosen`), the older
         instances finish the requests they hold (at most `_DRAIN_SECONDS`) and are released
         (out of Triton, their engine record and host-store bytes deleted)."""
@@ -357,8 +376,12 @@ class AgentBackend:
 
     def save_desired(self) -> asyncio.Future[None]:
         """Snapshot the desired entries now; written in the background, in order. An
-        instance being replaced is left out: a restarted agent takes back the new one."""
-        entries = [m.entry for m in self.records.values() if m.desired and not m.superseded]
+        instance being replaced is saved too, before the one replacing it: a restarted
+        agent readopts both (`adoption`), the last of a uid as the current one, and the
+        rollout goes on with the next push."""
+        desired = [m for m in self.records.values() if m.desired]
+        entries = [m.entry for m in desired if m.superseded]
+        entries += [m.entry for m in desired if not m.superseded]
         return self.desired_writer.submit(entries)
 
     async def flush_desired(self) -> None:
@@ -379,16 +402,20 @@ class AgentBackend:
         engine, uuids = self.actuator.engine, self.actuator.gpu_uuids
         return reports.model_infos(engine, reports.reported(self.records.values()), uuids)
 
+    # The actuator answers for the instance (its key); the control API names the uid asked.
+
     async def swap_in(self, uid: str) -> ActionResult:
-        return await self.actuator.swap_in(self._model(uid))
+        return dataclasses.replace(await self.actuator.swap_in(self._model(uid)), uid=uid)
 
     async def swap_out(self, uid: str) -> ActionResult:
-        return await self.actuator.swap_out(self._model(uid), reason="Manual")
+        result = await self.actuator.swap_out(self._model(uid), reason="Manual")
+        return dataclasses.replace(result, uid=uid)
 
     async def reload(self, uid: str, *, keep_host_copy: bool) -> ActionResult:
-        return await self.actuator.reload(
+        result = await self.actuator.reload(
             self._model(uid), keep_host_copy=keep_host_copy, why="reload asked (control API)"
         )
+        return dataclasses.replace(result, uid=uid)
 
     def _model(self, uid: str) -> AgentModel:
         model = self.current_of(uid)
