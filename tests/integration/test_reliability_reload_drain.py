@@ -9,10 +9,15 @@ and waits for those in flight (at most `policy.drainTimeoutSeconds`, then ends t
 swap-out's overdue drain does: 503 `DrainDeadline`) before the unload; a reload asked
 while one is under way joins it.
 
-- `test_reload_bursts_under_traffic_leave_triton_running`: bursts of reloads (three at
-  once per model) of two toys while four clients send inference: Triton is the same
-  process throughout with no crash in its log, every answer is a right 200 or a 503/429
-  with Retry-After (never Triton's own error), and every model serves afterwards.
+- `test_reload_and_swap_bursts_under_traffic_leave_triton_serving`: bursts of control calls
+  on two toys (batched, attached; heldgen) while four clients send inference: first three
+  reloads per model at once (one runs, two join it), then reloads keeping or dropping the
+  host copy mixed with manual swap-outs and swap-ins (seeded). Triton is the same process
+  throughout with no crash in its log, every control call is answered (none hangs), every
+  inference answer is a right 200 or a 503/429 with Retry-After (never Triton's own
+  error), and every model serves afterwards. On the code before, clients saw thousands of
+  Triton 404s ("unknown model") and, with swaps mixed in, a reload's unload waited a
+  minute on a request whose model's own swap-in queued behind it.
 - `test_reload_waits_for_a_request_in_flight_and_serves_one_sent_meanwhile`: a short
   generation in flight at the reload completes; a request sent while the reload runs is
   answered after it; an endless stream is ended at the deadline with `DrainDeadline`.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
 import time
 from collections import Counter
@@ -48,6 +54,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 
 TEST_MODELS = ROOT / "tests" / "data" / "gateway_models"
 DRAIN_TIMEOUT_SECONDS = 2.0
+#: Bursts of control calls per phase (reloads alone, then mixed with swaps).
+ROUNDS = 8
+SEED = 20261127
 CRASH_MARKS = ("bad_alloc", "terminate called", "Aborted", "Segmentation fault", "core dumped")
 #: Longer than any answer may take here (a drain, an unload and a load, on 2 loaded cores).
 ANSWER_SECONDS = 60.0
@@ -152,8 +161,15 @@ async def reload(control: Control, uid: str) -> httpx.Response:
     return await control.client.post(f"/v1/models/{uid}/reload")
 
 
-@pytest.mark.timeout(420)
-async def test_reload_bursts_under_traffic_leave_triton_running(tmp_path: Path) -> None:
+async def control_call(control: Control, uid: str, kind: str) -> httpx.Response:
+    """A reload keeping (`keep`) or dropping (`drop`) the host copy, or a manual swap."""
+    if kind in ("keep", "drop"):
+        return await control.client.post(f"/v1/models/{uid}/reload", params={"hostCopy": kind})
+    return await control.swap(uid, kind)
+
+
+@pytest.mark.timeout(600)
+async def test_reload_and_swap_bursts_under_traffic_leave_triton_serving(tmp_path: Path) -> None:
     gateway_port = free_loopback_port()
     uids = {"batched": new_uid(), "heldgen": new_uid()}
     async with node(tmp_path, config_for(tmp_path, gateway_port)) as n:
@@ -188,20 +204,41 @@ async def test_reload_bursts_under_traffic_leave_triton_running(tmp_path: Path) 
                         problems.append(problem)
 
         clients = [asyncio.create_task(client(i)) for i in range(4)]
-        reloads: Counter[str] = Counter()
+        answered: Counter[str] = Counter()
+        draw = random.Random(SEED)
         started = time.monotonic()
-        try:
-            for _round in range(8):
-                burst = [reload(control, uid) for uid in uids.values() for _ in range(3)]
-                for r in await asyncio.gather(*burst):
-                    reloads[f"{r.status_code} {r.json().get('reason')}"] += 1
-                    if r.status_code not in (200, 409):
-                        problems.append(f"reload answered {r.status_code}: {r.text[:300]}")
+
+        async def bursts(rounds: int, mixed: bool) -> None:
+            """Per round, three control calls per model at once: reloads, or (mixed) one
+            reload and two drawn among reloads keeping or dropping the host copy and manual
+            swaps; then every model serves again before the next round."""
+            for round_ in range(rounds):
+                calls = []
                 for uid in uids.values():
-                    await control.wait_state(uid, "Resident", timeout_seconds=120)
+                    kinds = ["keep", "keep", "keep"]
+                    if mixed:
+                        kinds[1:] = draw.choices(["keep", "drop", "out", "in"], k=2)
+                    for kind in kinds:
+                        calls.append((kind, control_call(control, uid, kind)))
+                for (kind, _), r in zip(
+                    calls, await asyncio.gather(*(c for _, c in calls)), strict=True
+                ):
+                    answered[f"{kind} {r.status_code} {r.json().get('reason')}"] += 1
+                    allowed = (200,) if kind in ("keep", "drop") else (200, 409)
+                    if r.status_code not in allowed:
+                        problems.append(f"{kind} answered {r.status_code}: {r.text[:300]}")
+                for uid in uids.values():
+                    await control.wait_state(uid, "Resident", "SwappedOut", timeout_seconds=120)
                 assert triton.process is not None and triton.process.returncode() is None, (
-                    f"Triton exited ({triton.process.returncode()}) after {_round + 1} bursts"
+                    f"Triton exited ({triton.process.returncode()}) after {round_ + 1} bursts"
                 )
+
+        try:
+            await bursts(ROUNDS, mixed=False)
+            # each burst of three ran one reload per model; the other two joined it
+            joined = sum(n for k, n in answered.items() if k.startswith("keep 200 Reloading"))
+            assert joined == ROUNDS * 6, answered
+            await bursts(ROUNDS, mixed=True)
         finally:
             stop.set()
             await asyncio.gather(*clients, return_exceptions=True)
@@ -213,15 +250,15 @@ async def test_reload_bursts_under_traffic_leave_triton_running(tmp_path: Path) 
         assert not crashes, f"Triton's log says {crashes}"
         assert problems == [], "\n".join(problems[:20])
         assert answers[200] > 0, answers
-        # each burst of three ran one reload per model; the others joined it
-        assert sum(n for k, n in reloads.items() if k.startswith("200")) == 8 * 6, reloads
-        assert "drain" in agent.log_tail(200_000)
+        assert "reload holds new requests" in agent.log_tail(1_000_000)
     record(
         "faults",
-        target="control-API reloads of two toy models under traffic (8 bursts of 3 per model)",
+        target=f"control-API reloads of two toy models under traffic ({ROUNDS} bursts of 3 "
+        f"reloads per model, then {ROUNDS} of reloads and manual swaps mixed)",
         moment="4 clients sending inference through the gateway throughout",
         outcome=f"each reload drained first (held requests queued, none at Triton at the "
-        f"unload); Triton the same process, no crash; answers {dict(answers)}",
+        f"unload); concurrent ones joined; Triton the same process, no crash, no hang; "
+        f"answers {dict(sorted(answers.items()))}",
         recovery_seconds=round(seconds, 3),
         answers_checked=sum(answers.values()),
         wrong=len(problems),

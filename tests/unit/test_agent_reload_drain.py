@@ -8,7 +8,10 @@ in flight), over fakes of the engine, the loader and the gateway's requests.
 - past `drainTimeoutSeconds` those at Triton are ended as a swap-out's overdue drain ends
   them, then the unload goes on (after the grace period even if some remain);
 - a reload asked while one is under way joins it (one unload, one load); asking to drop
-  the host copy makes the one under way drop it, unless it already kept it.
+  the host copy makes the one under way drop it, unless it already kept it;
+- a model process's own swap-in (a request at Triton for a model swapped out just before
+  the reload) waits while the reload drains and is refused once it unloads, so that
+  request does not hold Triton's unload (it waited on the lock the reload holds).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.core.reload_drain import ReloadDrain
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
 from modelswap_sidecar.engine.core import Engine
-from modelswap_sidecar.engine.errors import UnknownModel
+from modelswap_sidecar.engine.errors import NoCapacity, UnknownModel
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.facade import Policy
@@ -45,10 +48,11 @@ WAIT_SECONDS = 10.0
 
 
 class FakeEngine:
-    """One 128 MiB GPU; every model it knows is resident."""
+    """One 128 MiB GPU; every model it knows is resident unless `states` says otherwise."""
 
     def __init__(self) -> None:
         self.removed: list[str] = []
+        self.states: dict[str, EngineState] = {}
 
     def statuses(self) -> list[Any]:
         return []
@@ -57,7 +61,7 @@ class FakeEngine:
         return SimpleNamespace(budget_bytes=128 * MIB)
 
     def state(self, name: str) -> EngineState:
-        return EngineState.RESIDENT
+        return self.states.get(name, EngineState.RESIDENT)
 
     def gpu_of(self, name: str) -> int:
         raise UnknownModel(name)
@@ -65,11 +69,18 @@ class FakeEngine:
     def remove_model(self, name: str) -> None:
         self.removed.append(name)
 
+    def subscribe(self, listener: Any) -> None:
+        pass
+
+    def on_client_swap_in(self, listener: Any) -> None:
+        self.client_swap_in = listener
+
 
 class FakeLoader:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.unloading = asyncio.Event()
+        self.waits_for: asyncio.Event | None = None
 
     async def load(self, model: AgentModel) -> None:
         self.calls.append(("load", model.uid))
@@ -77,6 +88,8 @@ class FakeLoader:
     async def unload(self, model: AgentModel, *, release_source: bool = True) -> None:
         self.calls.append(("unload", model.uid))
         self.unloading.set()
+        if self.waits_for is not None:  # Triton's unload waits for a request in the model
+            await self.waits_for.wait()
 
 
 class FakeRequests:
@@ -322,3 +335,55 @@ def test_a_caller_that_goes_away_does_not_stop_the_reload() -> None:
 
     asyncio.run(scenario())
     assert loader.calls == [("unload", model.uid), ("load", model.uid)]
+
+
+def test_a_client_swap_in_during_a_reload_is_refused_once_it_unloads() -> None:
+    model = model_of("toy")
+    actuator, engine, loader, requests, directory = node_of(model, timeout_seconds=0.5)
+
+    async def scenario() -> None:
+        actuator.listen(asyncio.get_running_loop())
+        engine.states[model.triton_name] = EngineState.SWAPPED_OUT  # swapped out just before
+        directory.request_started(model.uid)  # at Triton, in the model's own swap-in
+        loader.waits_for = request_left = asyncio.Event()  # the unload waits for it
+        reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="one"))
+        await until(lambda: actuator.held(model.uid), "the hold")
+        # the engine's thread serving the model process's swap-in request
+        asked = asyncio.create_task(asyncio.to_thread(engine.client_swap_in, model.triton_name))
+        await asyncio.sleep(0.2)
+        assert not asked.done() and loader.calls == []  # it waits while the reload drains
+        with pytest.raises(NoCapacity, match="Reloading"):
+            await asyncio.wait_for(asked, WAIT_SECONDS)
+        assert loader.calls == [("unload", model.uid)]  # refused while the unload waits
+        request_left.set()  # the model's request failed on the refusal and left Triton
+        assert requests.ended  # the drain ended the request at the gateway first
+        result = await asyncio.wait_for(reloading, WAIT_SECONDS)
+        assert result.outcome == "completed"
+        await loaded(actuator, model)
+
+    asyncio.run(scenario())
+    assert loader.calls == [("unload", model.uid), ("load", model.uid)]
+
+
+def test_a_client_swap_in_of_a_model_resident_again_does_not_wait_behind_a_reload() -> None:
+    """The model was swapped out and a request at Triton asked for it; another swap-in
+    brought it back while a reload waited for the model's lock: the request goes on at
+    once, and so the reload's drain sees it answered (before, its swap-in queued on the
+    lock behind the reload, whose unload then waited on it for a minute)."""
+    model = model_of("toy")
+    actuator, engine, loader, requests, _directory = node_of(model)
+
+    async def scenario() -> None:
+        actuator.listen(asyncio.get_running_loop())
+        async with actuator.lock_of(model.uid):  # a swap-out under way holds it
+            reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="x"))
+            await asyncio.sleep(0.05)
+            answered = asyncio.to_thread(engine.client_swap_in, model.triton_name)
+            await asyncio.wait_for(answered, WAIT_SECONDS)  # resident: nothing to wait for
+        result = await asyncio.wait_for(reloading, WAIT_SECONDS)
+        assert result.outcome == "completed"
+        await loaded(actuator, model)
+
+    asyncio.run(scenario())
+    assert loader.calls == [("unload", model.uid), ("load", model.uid)]
+    assert requests.ended == []

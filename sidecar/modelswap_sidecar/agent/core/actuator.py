@@ -74,6 +74,8 @@ class _Reload:
     done: asyncio.Future[ActionResult]
     #: it holds the model's new requests (the gateway queues them) and drains the rest
     holding: bool = False
+    #: it has drained and unloads the model: a client's own swap-in is refused
+    unloading: bool = False
     #: it has decided about the host copy: a join asking to drop it comes too late
     decided: bool = False
 
@@ -168,11 +170,34 @@ class Actuator:
             raise NoCapacity(f"swap-in of {model.uid} refused: {result.reason}: {result.message}")
 
     async def _settled_swap_in(self, model: AgentModel) -> ActionResult:
-        """`swap_in`, once a load under way (an adoption) has finished."""
+        """`swap_in`, once a load under way (an adoption) has finished. A client's own
+        swap-in holds a request at Triton (its `in_use()`), so it never waits on the
+        model's lock behind a reload, whose unload would wait for that request in turn:
+        while a reload is asked or drains it waits here, and goes on at once if the model
+        is resident by then (another swap-in brought it back); once the reload unloads the
+        model it is refused (the reload's drain has ended the request at the gateway)."""
         deadline = self.clock() + ADMISSION_WAIT_SECONDS
-        while model.serving is Serving.LOADING and self.clock() < deadline:
+        while self.clock() < deadline:
+            if self.engine_state(model) is EngineState.RESIDENT:
+                return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
+            if (refused := self._reload_refusal(model)) is not None:
+                return refused
+            if model.uid not in self._reloads and model.serving is not Serving.LOADING:
+                break
             await self.changed(deadline - self.clock())
-        return await self.swap_in(model)
+        return await self.swap_in(model, refused_by_reload=True)
+
+    def _reload_refusal(self, model: AgentModel) -> ActionResult | None:
+        """A client's own swap-in's refusal while a reload unloads the model."""
+        under_way = self._reloads.get(model.uid)
+        if under_way is None or not under_way.unloading:
+            return None
+        return ActionResult(
+            uid=model.uid,
+            outcome="refused",
+            reason="Reloading",
+            message="the model is being unloaded for a reload",
+        )
 
     def _from_engine(self, event: SwapEvent) -> None:
         """On the engine's thread: hand the event to the loop (before the engine call that
@@ -439,16 +464,25 @@ class Actuator:
         marks = [t for t in (model.last_request_seconds, model.resident_since_seconds) if t]
         return max(self.clock() - max(marks), 0.0) if marks else 0.0
 
-    async def swap_in(self, model: AgentModel) -> ActionResult:
+    async def swap_in(self, model: AgentModel, *, refused_by_reload: bool = False) -> ActionResult:
         """Admit (the policy's victims, or wait while bytes are under way) and swap in.
 
         Admission and the swap it admits are one step per GPU (`_admission_lock`, taken
         before the model's own lock): a second swap-in admitted while the first one's bytes
         are not yet charged would be granted the same free bytes, or the same victim, and
-        the engine would refuse it. Waits happen with both locks released."""
+        the engine would refuse it. Waits happen with both locks released.
+        `refused_by_reload` (a client's own swap-in): refused rather than queued on the
+        model's lock behind a reload asked meanwhile (`_settled_swap_in`)."""
         asked = self.clock()
         deadline = asked + ADMISSION_WAIT_SECONDS
         while True:
+            if refused_by_reload and model.uid in self._reloads:
+                return ActionResult(
+                    uid=model.uid,
+                    outcome="refused",
+                    reason="Reloading",
+                    message="a reload of the model is under way",
+                )
             async with self._admission_lock(model), self.lock_of(model.uid):
                 now = self.clock()
                 result = await self._swap_in(model, may_wait=now < deadline, waited=now - asked)
@@ -657,6 +691,8 @@ class Actuator:
                 under_way.holding = True
                 if self.reload_drain is not None:
                     await drain(model, self.reload_drain, clock=self.clock, changed=self.changed)
+                under_way.unloading = True
+                self.notify()  # a client's own swap-in waiting on it is refused now
                 try:
                     await self.loader.unload(model)
                 except TritonError as e:
