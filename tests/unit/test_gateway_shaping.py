@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from modelswap_sidecar.gateway.directory import ModelRoute
+from modelswap_sidecar.gateway.exchange import SHAPING_WAIT_HEADER
 from modelswap_sidecar.gateway.shaping import BatchShaper, bucket_of
 from tests.support.gateway_fakes import route
 from tests.support.gateway_world import GatewayWorld, gateway_world
@@ -125,7 +126,10 @@ async def test_close_releases_everyone() -> None:
 LONG, SHORT = "w " * 600, "s s "  # 1,200 and 4 bytes
 
 
+@dataclasses.dataclass
 class World(GatewayWorld):
+    shaping_waits: list[str | None] = dataclasses.field(default_factory=list)
+
     async def generate(self, prompt: str, session: str | None = None) -> str:
         body: dict[str, Any] = {"text_input": prompt, "parameters": {"max_tokens": 2}}
         if session is not None:
@@ -133,6 +137,7 @@ class World(GatewayWorld):
         path = "/ns/team-a/v2/models/chat/generate_stream"
         async with self.http.post(self.served.url + path, json=body) as r:
             assert r.status == 200, await r.text()
+            self.shaping_waits.append(r.headers.get(SHAPING_WAIT_HEADER))
             return "".join(event["text_output"] for event in data_lines(await r.read()))
 
 
@@ -160,6 +165,7 @@ async def test_off_the_gateway_never_holds_and_requests_reach_triton_as_sent() -
             assert await w.generate(prompt) == (" " + prompt.split()[0].upper()) * 2
         assert calls == []
         assert [b["text_input"] for b in w.triton.generate_bodies] == prompts
+        assert w.shaping_waits == [None] * len(prompts)
 
 
 @pytest.mark.asyncio
@@ -175,7 +181,10 @@ async def test_on_a_window_reaches_triton_in_runs_of_one_bucket() -> None:
         assert reached == [SHORT] * 3 + [LONG] * 3
         assert WINDOW_SECONDS - 0.01 <= elapsed < WINDOW_SECONDS + SLACK_SECONDS
         assert w.served.gateway.shaper.released == {SHAPED.uid: 6}
+        waits = [float(seconds or "nan") for seconds in w.shaping_waits]
+        assert all(0 < wait < WINDOW_SECONDS + SLACK_SECONDS for wait in waits), waits
         # a conversation runs alone at the model: never held
         held_before = dict(w.served.gateway.shaper.released)
         assert await w.generate(SHORT, session="conv-1") == " S S"
         assert w.served.gateway.shaper.released == held_before
+        assert w.shaping_waits[-1] is None

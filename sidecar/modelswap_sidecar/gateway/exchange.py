@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 PROGRESS_HEADER = "X-Modelswap-Progress"
 STATE_HEADER = "X-Modelswap-State"
 QUEUE_WAIT_HEADER = "X-Modelswap-Queue-Wait-Seconds"
+#: Seconds a request waited in its prompt-length bucket (`shaping`), when it did.
+SHAPING_WAIT_HEADER = "X-Modelswap-Shaping-Wait-Seconds"
 #: when the gateway received the request (epoch seconds): with the queue wait, it splits a
 #: client's latency into its way to the node, its wait for a swap-in and its service
 RECEIVED_AT_HEADER = "X-Modelswap-Received-At"
@@ -90,7 +92,8 @@ class Exchange:
         #: A session-less generate request's prompt UTF-8 bytes: it waits in its bucket
         #: before Triton when the model shapes batches (`shaping`); None never waits.
         self.shape_prompt_bytes: int | None = None
-        #: seconds it waited in its bucket
+        #: it waited in its bucket, and for how many seconds
+        self.shaped = False
         self.shaped_seconds = 0.0
         self._stream: web.StreamResponse | None = None
         call.exchange = self
@@ -163,6 +166,7 @@ class Exchange:
             if prompt_bytes is not None and self.route.shaping_wait_seconds > 0:
                 # off, the request goes on as before: no wait, nothing awaited
                 self.shaped_seconds = await self.gw.shaper.hold(self.route, prompt_bytes)
+                self.shaped = True
             # from here it holds the model's work at Triton: a swap-out whose drain it
             # outlasts ends it (`GatewayApp.end_requests`)
             self.gw.at_triton.add(self.route.triton_name, self.call)
@@ -186,6 +190,8 @@ class Exchange:
         headers[RECEIVED_AT_HEADER] = f"{self.received_at_seconds:.6f}"
         if self.queued:
             headers[QUEUE_WAIT_HEADER] = f"{self.waited_seconds:.3f}"
+        if self.shaped:
+            headers[SHAPING_WAIT_HEADER] = f"{self.shaped_seconds:.3f}"
         return headers
 
     async def stream(self) -> web.StreamResponse:

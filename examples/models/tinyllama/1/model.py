@@ -41,6 +41,17 @@ tokens reused and recomputed with every heartbeat (the agent's `modelswap_kv_*` 
 A request without a session, or a model deployed without `kvCacheBytes`, uses
 transformers' DynamicCache in torch's own memory (not paged), as before.
 
+Batching (issue 29, item 5): with the model parameter `max_batch_rows` above 1, greedy
+requests without logprobs that keep no session (`Batcher`) wait up to `batch_delay_ms` for
+others and run as one batch of at most `max_batch_rows` rows, taken in arrival order: the
+prompts left-padded to the longest with an attention mask (and position ids counted from
+each prompt's first token), so each row's tokens equal its own unbatched `generate`; then
+one token per row per pass until every row has ended (its EOS, stop string, max_tokens or
+cancellation). A batched request's last response carries `padded_tokens`: the pad tokens
+its prompt got (the longest prompt's length less its own), against its `prompt_tokens`
+(the useful ones): the gateway's batch shaping (`spec.gateway.batchShaping`) makes it
+smaller by sending similar lengths together. Other requests run on their own, as before.
+
 Request parameters (what the gateway's OpenAI routes send; all optional):
     max_tokens         default: the `default_max_tokens` model parameter, less where the
                        context (max_position_embeddings) ends first; asking for more than
@@ -73,6 +84,7 @@ import json
 import math
 import os
 import threading
+import time
 from pathlib import Path
 
 # Every file is local: transformers must never try the Hugging Face Hub.
@@ -286,9 +298,10 @@ def strings(values):
     return np.array([v.encode() for v in values], dtype=np.object_)
 
 
-def response(text, token_ids, prompt_tokens, finish_reason=None, scores=None):
+def response(text, token_ids, prompt_tokens, finish_reason=None, scores=None, *, padded=None):
     """One response: `scores` (when logprobs were asked) holds, per token of
-    `token_ids`, (its text, its log-probability, [(alternative's text, its log-probability)])."""
+    `token_ids`, (its text, its log-probability, [(alternative's text, its log-probability)]);
+    `padded`: the pad tokens a batched request's prompt got (its last response)."""
     tensors = [
         pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
         pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32)),
@@ -306,7 +319,109 @@ def response(text, token_ids, prompt_tokens, finish_reason=None, scores=None):
         tensors.append(
             pb_utils.Tensor("finish_reason", np.array([finish_reason.encode()], dtype=np.object_))
         )
+    if padded is not None:
+        tensors.append(pb_utils.Tensor("padded_tokens", np.array([padded], dtype=np.int32)))
     return pb_utils.InferenceResponse(tensors)
+
+
+class Row:
+    """One batched request: its stream of responses, sent as its tokens come."""
+
+    def __init__(self, model, request, sender, prompt_ids, sampling):
+        self.model, self.request, self.sender = model, request, sender
+        self.prompt_ids, self.sampling = prompt_ids, sampling
+        self.stream = TextStream(model.tokenizer, sampling.stop)
+        self.pending = []
+        self.padded = 0
+        self.done = False
+        self.finished = threading.Event()  # its final response is sent
+
+    def take(self, token, count):
+        """The row's `count`th token: sent when it completes text, or ends the row."""
+        if self.request.is_cancelled():  # the client hung up: stop generating for no one
+            pb_utils.Logger.log_info(
+                f"tinyllama: request cancelled by its client after {count - 1} tokens"
+            )
+            self.end(None)
+            return
+        self.pending.append(token)
+        text = self.stream.add(token)
+        if token in self.model.eos or self.stream.stopped:
+            self.end(self._final(text, "stop"))
+        elif count >= self.sampling.max_tokens:
+            self.end(self._final(text, "length"))
+        elif text:
+            self.sender.send(response(text, self.pending, len(self.prompt_ids)))
+            self.pending = []
+
+    def _final(self, text, reason):
+        rest = text + self.stream.finish()
+        return response(rest, self.pending, len(self.prompt_ids), reason, padded=self.padded)
+
+    def end(self, final):
+        self.done = True
+        if final is None:
+            self.sender.send(flags=FINAL)
+        else:
+            self.sender.send(final, flags=FINAL)
+
+
+class Batcher:
+    """Requests queued for batches of at most `max_rows`, run one batch at a time by one
+    thread: a batch starts `delay_seconds` after its first request arrived, or at once when
+    `max_rows` wait. Each request's thread waits until its row has ended."""
+
+    def __init__(self, run_batch, *, max_rows, delay_seconds):
+        self.run_batch, self.max_rows, self.delay_seconds = run_batch, max_rows, delay_seconds
+        self.cond = threading.Condition()
+        self.queued = []
+        self.arrived = 0  # requests queued so far (tests order their arrivals by it)
+        self.closed = False
+        self.worker = None
+
+    def run(self, row):
+        with self.cond:
+            if self.closed:
+                raise RuntimeError("the model is shutting down")
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._work, daemon=True)
+                self.worker.start()
+            self.queued.append(row)
+            self.arrived += 1
+            self.cond.notify_all()
+        row.finished.wait()
+
+    def _work(self):
+        while True:
+            with self.cond:
+                while not self.queued and not self.closed:
+                    self.cond.wait()
+                if not self.queued:
+                    return
+                deadline = time.monotonic() + self.delay_seconds
+                while len(self.queued) < self.max_rows and not self.closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+                rows, self.queued = self.queued[: self.max_rows], self.queued[self.max_rows :]
+            try:
+                self.run_batch(rows)
+            except Exception as e:  # each stream must end with a final response
+                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tinyllama: {e}"))
+                for row in rows:
+                    if not row.done:
+                        row.end(error)
+            finally:
+                for row in rows:
+                    row.finished.set()
+
+    def close(self):
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.worker is not None:
+            self.worker.join(timeout=FINALIZE_WAIT_SECONDS)
 
 
 class TritonPythonModel:
@@ -335,6 +450,48 @@ class TritonPythonModel:
                 hold=self.att.in_use,
             )
             self.att.report_kv(self.sessions.report)
+        self.batcher = None  # greedy session-less requests batched, with max_batch_rows > 1
+        max_rows = int(parameter(config, "max_batch_rows", "1"))
+        if max_rows > 1:
+            delay_seconds = float(parameter(config, "batch_delay_ms", "10")) / 1000
+            self.batcher = Batcher(self.run_batch, max_rows=max_rows, delay_seconds=delay_seconds)
+        self.pad = self.tokenizer.pad_token_id
+        self.pad = min(self.eos) if self.pad is None else self.pad
+
+    def run_batch(self, rows):
+        """Generate for `rows` as one batch: prompts left-padded to the longest, masked."""
+        longest = max(len(row.prompt_ids) for row in rows)
+        for row in rows:
+            row.padded = longest - len(row.prompt_ids)
+        with self.att.in_use(), torch.inference_mode():  # modelswap
+            device = self.model.device
+            ids = torch.tensor(
+                [[self.pad] * row.padded + row.prompt_ids for row in rows], device=device
+            )
+            mask = torch.tensor(
+                [[0] * row.padded + [1] * len(row.prompt_ids) for row in rows], device=device
+            )
+            # each row's positions from its own first token, as it would have alone
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache(config=self.model.config)
+            for count in range(1, max(row.sampling.max_tokens for row in rows) + 1):
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                tokens = torch.argmax(out.logits[:, -1, :].float(), dim=-1)
+                for row, token in zip(rows, tokens.tolist(), strict=True):
+                    if not row.done:
+                        row.take(token, count)
+                if all(row.done for row in rows):
+                    return
+                ids = tokens[:, None]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                positions = positions[:, -1:] + 1
 
     def tokens(self, ids, cache, sampling):
         """Generated (token id, its scores or None), one at a time: `ids` (what `cache`
@@ -378,8 +535,12 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             return
         session = parameters.get("session_id")
+        alone = session is not None and self.sessions is not None
+        greedy = sampling.temperature == 0 and sampling.logprobs is None
         try:
-            if session is not None and self.sessions is not None:
+            if self.batcher is not None and greedy and not alone:
+                self.batcher.run(Row(self, request, sender, prompt_ids, sampling))
+            elif alone:
                 # the store holds in_use() for the turn (after its lock: never the other
                 # way round, or a swap-out draining could wait on a thread that waits on
                 # the lock)
@@ -448,6 +609,8 @@ class TritonPythonModel:
             thread.start()
 
     def finalize(self):
+        if self.batcher is not None:
+            self.batcher.close()
         with self.threads_lock:
             threads = list(self.threads)
         for thread in threads:
