@@ -9,6 +9,8 @@ says which one served it.
   answers every request meanwhile; once the new one answers the route switches to it, the
   old instance is released (gone from Triton), the status says which model generation
   serves, and `RolledOut` went False (`RollingOut`) and back to True, with Events.
+- A `source` edit to another model (the language model behind the MLP's name): the new
+  one answers under the same name and the old one is released.
 - Without room for both: the old instance is released first, a Warning Event
   `RolloutInterrupts` says so, requests meanwhile wait (or are answered 503 with
   Retry-After, never a 404 or a wrong answer), and the new model then serves.
@@ -33,8 +35,8 @@ from tests.integration.test_operator import wait_ready
 from tests.integration.test_operator_day2 import classify_on
 from tests.support.agent_harness import MIB, Node
 from tests.support.operator_world import Objects, agents, emulator, operator
-from tests.support.service_calls import slice_address
-from tests.support.waiting import until
+from tests.support.service_calls import slice_address, tinylm_completes
+from tests.support.waiting import until, until_async
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -180,8 +182,6 @@ async def test_a_weights_edit_rolls_out_beside_the_old_model_and_releases_it(
                 async def old_released() -> bool:
                     return not await triton_serves(node, triton_model_name(uid))
 
-                from tests.support.waiting import until_async
-
                 await until_async(old_released, "the old instance out of Triton", 60)
                 held = await node.control.model(uid)
                 assert held["modelGeneration"] == 2 and held["phase"] == "Resident", held
@@ -248,4 +248,41 @@ async def test_a_weights_edit_without_room_for_both_interrupts_with_an_event(
                     lambda: objects.condition("classify", "RolledOut").get("status") == "True",
                     "RolledOut=True",
                 )
+        objects.close()
+
+
+@pytest.mark.timeout(300)
+async def test_a_source_edit_serves_the_new_model_under_the_same_name(tmp_path: Path) -> None:
+    with emulator() as api:
+        objects = Objects(api)
+        async with agents(api, tmp_path, names=("node-a",)) as nodes:
+            with operator(api):
+                objects.apply(classify_sized("32Mi"))
+                first = await wait_ready(objects, "classify")
+                uid = first["metadata"]["uid"]
+                address, port = slice_address(objects.endpoint_slice("classify"))
+                host = "classify.default.svc"
+                checksum_of(await checksum_through_service(address, port, host))
+
+                # Another model behind the same name: the language model, which completes.
+                objects.patch(
+                    "classify",
+                    {"spec": {"model": {"source": {"uri": "/models/tinylm"},
+                                        "weightsBytes": "64Mi", "kvCacheBytes": "4Mi"}}},
+                )  # fmt: skip
+
+                def rolled_out() -> dict[str, Any] | None:
+                    status = (objects.get("classify") or {}).get("status") or {}
+                    return status if status.get("servingModelGeneration") == 2 else None
+
+                status = await until(rolled_out, "the new source's model serving", 120)
+                assert status["modelGeneration"] == 2, status
+                await tinylm_completes(address, port, host, "classify")
+                node = nodes["node-a"]
+                assert await triton_serves(node, triton_model_name(instance_key(uid, 2)))
+
+                async def old_released() -> bool:
+                    return not await triton_serves(node, triton_model_name(uid))
+
+                await until_async(old_released, "the old model out of Triton", 60)
         objects.close()

@@ -192,7 +192,8 @@ class AgentBackend:
 
     def instances_of(self, uid: str) -> list[AgentModel]:
         """The ModelDeployment's instances held (every model generation), newest first."""
-        return instances.by_deployment(self.records.values()).get(uid, [])
+        held = [m for m in self.records.values() if m.deployment_uid == uid]
+        return sorted(held, key=lambda m: -m.model_generation)
 
     def current_of(self, uid: str) -> AgentModel | None:
         """The instance that serves the ModelDeployment now (`instances.chosen`)."""
