@@ -246,3 +246,19 @@ def test_a_failed_rollout_says_the_old_model_serves() -> None:
     status = status_of(failed, wanted=2)
     assert status["servingModelGeneration"] == 1
     assert rolled_out(status) == ("False", "RolloutFailed")
+
+
+def test_requests_wait_for_the_new_instance_of_an_interrupted_rollout() -> None:
+    from modelswap_sidecar.agent.ports.gateway_directory import _waitable
+
+    interrupts = RolloutNote(reason=ROLLOUT_INTERRUPTS, model_generation=2, message="")
+    rolling = RolloutNote(reason="RollingOut", model_generation=2, message="")
+    # placed after the old one's release, or deferred while it still held the room
+    assert _waitable(record(2, Serving.PENDING, rollout=interrupts))
+    assert _waitable(record(2, Serving.DEFERRED, rollout=interrupts))
+    assert _waitable(record(2, Serving.LOADING))
+    # a model merely deferred (or a rollout with room, whose old instance serves) is refused
+    # at once with its reason, as before
+    assert not _waitable(record(2, Serving.DEFERRED))
+    assert not _waitable(record(2, Serving.PENDING, rollout=rolling))
+    assert not _waitable(record(2, Serving.FAILED, rollout=interrupts))

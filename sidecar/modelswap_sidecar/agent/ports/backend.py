@@ -297,14 +297,16 @@ class AgentBackend:
         """No room for both: the older instances go first, then `model` is placed (and
         loads, or waits for room as any deferred model)."""
         await self._release(older)
-        if self._replaced(model) or model.serving is not Serving.PENDING:
+        if self._replaced(model):
             return
-        result = self._place_new(model)
-        log.info(
-            "model %s: rolled out with an interruption (%s)", model.deployment_uid, result.reason
-        )
-        self.actuator.notify()
         self.actuator.spawn(self._clear_note_when_served(model), f"rollout-note-{model.uid}")
+        # the policy loop may have tried it meanwhile (deferred while the old one held the
+        # room, or already loading): placed now that the room is free, unless under way
+        if model.serving in (Serving.PENDING, Serving.DEFERRED):
+            result = self._place_new(model)
+            log.info("model %s: rolled out with an interruption (%s)", model.deployment_uid,
+                     result.reason)  # fmt: skip
+        self.actuator.notify()
 
     async def _clear_note_when_served(self, model: AgentModel) -> None:
         while not answers(model) and not self._replaced(model):

@@ -63,12 +63,13 @@ _KNOWN_SOON_SECONDS = 1
 
 def _waitable(model: AgentModel) -> bool:
     """A load under way, or a rollout's new instance waiting for the old one's release (no
-    room for both: requests wait for it as for a swap-in)."""
+    room for both: requests wait for it as for a swap-in, within the gateway's queue
+    bounds, until the note is cleared once it serves)."""
     if model.serving in _WAITABLE:
         return True
     rollout = model.rollout
     return (
-        model.serving is Serving.PENDING
+        model.serving in (Serving.PENDING, Serving.DEFERRED)
         and rollout is not None
         and rollout.reason == ROLLOUT_INTERRUPTS
     )
