@@ -136,3 +136,42 @@ async def test_instances_roll_out_fail_back_and_release(tmp_path: Path) -> None:
             return not (await ready_in_triton(triton)) & {first, second}
 
         await until_async(unloaded, "no instance left in Triton", 60)
+
+
+@pytest.mark.timeout(240)
+async def test_without_room_for_both_the_old_instance_goes_first(tmp_path: Path) -> None:
+    uid = new_uid()
+
+    def sized(model_generation: int, weights: str) -> dict[str, Any]:
+        body = entry(uid, generation=model_generation, swap_policy=NEVER, weights=weights)
+        return body | {"modelGeneration": model_generation, "gpu": "sim-gpu-0"}
+
+    async with node(tmp_path) as n:  # two 128Mi GPUs: 96Mi and 100Mi do not fit one
+        triton, _agent, control, models = n.parts()
+        assert (await control.desired([sized(1, "96Mi")]))[uid]["outcome"] == "applied"
+        await control.wait_state(uid, "Resident")
+        answer = (await control.desired([sized(2, "100Mi")]))[uid]
+        assert (answer["outcome"], answer["reason"]) == ("applied", "RolloutInterrupts"), answer
+        assert "released first" in answer["message"]
+        # The operator's heartbeat pushes the same set again while the old one is released:
+        # the rollout stays an interrupted one (requests keep waiting for the new instance).
+        notes = set()
+        for _ in range(20):
+            again = (await control.desired([sized(2, "100Mi")]))[uid]
+            assert again["outcome"] == "applied", again
+            info = await control.model(uid)
+            notes.add(info.get("rolloutReason"))
+            if info.get("modelGeneration") == 2 and info["phase"] == "Resident":
+                break
+        assert notes <= {"RolloutInterrupts", None}, notes
+
+        async def served() -> dict[str, Any] | None:
+            info = await control.model(uid)
+            done = info.get("modelGeneration") == 2 and info["phase"] == "Resident"
+            return info if done and "rolloutReason" not in info else None
+
+        await until_async(served, "model generation 2 serving", 60)
+        x = reference.mlp_input(2)
+        new_answer = await models.mlp(instance_key(uid, 2), x)
+        assert new_answer.checksum == reference.mlp_checksum(100 * MIB)
+        assert triton_model_name(uid) not in await ready_in_triton(triton)

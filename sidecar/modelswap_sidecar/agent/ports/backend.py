@@ -230,6 +230,7 @@ class AgentBackend:
         )
         self._note(model, holding, instances.ROLLOUT_INTERRUPTS, message)
         model.reason, model.message = instances.ROLLOUT_INTERRUPTS, message
+        self._rolling.add(model.deployment_uid)
         self.actuator.spawn(self._interrupt(model, holding), f"rollout-{model.uid}")
         return _result(model.deployment_uid, "applied", instances.ROLLOUT_INTERRUPTS, message)
 
@@ -296,7 +297,11 @@ class AgentBackend:
     async def _interrupt(self, model: AgentModel, older: list[AgentModel]) -> None:
         """No room for both: the older instances go first, then `model` is placed (and
         loads, or waits for room as any deferred model)."""
-        await self._release(older)
+        try:
+            await self._release(older)
+        finally:
+            if not any(m.superseded for m in self.instances_of(model.deployment_uid)):
+                self._rolling.discard(model.deployment_uid)
         if self._replaced(model):
             return
         self.actuator.spawn(self._clear_note_when_served(model), f"rollout-note-{model.uid}")
