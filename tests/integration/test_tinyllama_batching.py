@@ -32,12 +32,17 @@ SHORT = ("The quick brown fox", "hi", "", "Ünïcødé ✓ 漢字")
 LONG = ("modelswap pages idle models out " * 12, "a much longer prompt, " * 25)
 
 
-def batched(model_py: types.ModuleType, monkeypatch: pytest.MonkeyPatch, rows: int) -> InProcess:
+def batched(
+    model_py: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    rows: int,
+    delay_seconds: float = 0.5,
+) -> InProcess:
     """The model as config.pbtxt sets it up, with at most `rows` rows a batch and a delay
     long enough that requests sent together share batches on a loaded machine."""
     served = InProcess(model_py, monkeypatch)
     served.model.batcher = model_py.Batcher(
-        served.model.run_batch, max_rows=rows, delay_seconds=0.5
+        served.model.run_batch, max_rows=rows, delay_seconds=delay_seconds
     )
     return served
 
@@ -146,3 +151,30 @@ def test_sampling_logprobs_and_errors_run_on_their_own(
     assert scored[0].tokens == reference.tokens(SHORT[0], 4) and scored[1] is None
     assert refused[0].error is not None and "max_tokens" in refused[0].error
     assert greedy[0].tokens == reference.tokens(SHORT[1], 4) and greedy[1] == 0
+
+
+def test_a_batch_keeps_to_the_group_of_its_oldest_request(
+    model_py: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    reference: Reference,
+    closes: Any,
+) -> None:
+    served = batched(model_py, monkeypatch, rows=8, delay_seconds=2.0)
+    closes(served)
+    # interleaved as they may reach the model; the gateway released them as two groups
+    order = [SHORT[0], LONG[0], SHORT[1], LONG[1]]
+    groups = ["1", "2", "1", "2"]
+    requests = [
+        (t, {"max_tokens": 4, "batch_group": g}) for t, g in zip(order, groups, strict=True)
+    ]
+    results = run(served, requests, in_order=True)
+    for text, (answer, _) in zip(order, results, strict=True):
+        assert answer.tokens == reference.tokens(text, 4), text
+    lengths = [len(reference.ids(t)) for t in order]
+    # each padded to the longest of its own group only
+    assert [p for _, p in results] == [
+        max(lengths[0], lengths[2]) - lengths[0],
+        max(lengths[1], lengths[3]) - lengths[1],
+        max(lengths[0], lengths[2]) - lengths[2],
+        max(lengths[1], lengths[3]) - lengths[3],
+    ]

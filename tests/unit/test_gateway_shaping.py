@@ -13,7 +13,13 @@ import pytest
 
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.exchange import SHAPING_WAIT_HEADER
-from modelswap_sidecar.gateway.shaping import BatchShaper, bucket_of
+from modelswap_sidecar.gateway.shaping import (
+    GROUP_PARAMETER,
+    NOT_HELD,
+    BatchShaper,
+    bucket_of,
+    tagged,
+)
 from tests.support.gateway_fakes import route
 from tests.support.gateway_world import GatewayWorld, gateway_world
 
@@ -37,7 +43,7 @@ def test_buckets_by_edges() -> None:
 async def test_off_returns_at_once_and_holds_nothing() -> None:
     shaper = BatchShaper()
     off = dataclasses.replace(SHAPED, shaping_wait_seconds=0.0)
-    assert await shaper.hold(off, 50) == 0.0
+    assert await shaper.hold(off, 50) == NOT_HELD
     assert shaper.waiting(off.uid) == 0 and shaper.released == {}
 
 
@@ -46,9 +52,12 @@ async def test_a_window_releases_its_buckets_together_shorter_first() -> None:
     shaper = BatchShaper()
     order: list[int] = []
     waits: list[float] = []
+    groups: dict[int, str | None] = {}
 
     async def one(prompt_bytes: int) -> None:
-        waits.append(await shaper.hold(SHAPED, prompt_bytes))
+        held = await shaper.hold(SHAPED, prompt_bytes)
+        waits.append(held.seconds)
+        groups[prompt_bytes] = held.group
         order.append(prompt_bytes)
 
     loop = asyncio.get_running_loop()
@@ -64,6 +73,25 @@ async def test_a_window_releases_its_buckets_together_shorter_first() -> None:
     assert WINDOW_SECONDS - 0.01 <= elapsed < WINDOW_SECONDS + SLACK_SECONDS
     assert all(0.0 < w < WINDOW_SECONDS + SLACK_SECONDS for w in waits)
     assert shaper.released == {SHAPED.uid: 6} and shaper.waiting(SHAPED.uid) == 0
+    # each bucket released is one group
+    assert groups[10] == groups[20] == groups[30] != groups[500] != groups[5000]
+    assert groups[5000] == groups[6000] and None not in groups.values()
+
+
+def test_tagging_sets_the_group_parameter_of_either_body_form() -> None:
+    fields = {"text_input": "a", "parameters": {"max_tokens": 2}}
+    tagged_json, none = tagged(fields, None, "7")
+    assert none is None and tagged_json == {
+        "text_input": "a",
+        "parameters": {"max_tokens": 2, GROUP_PARAMETER: "7"},
+    }
+    assert fields == {"text_input": "a", "parameters": {"max_tokens": 2}}  # a copy
+    _, raw = tagged(None, json.dumps({"text_input": "a"}).encode(), "8")
+    assert raw is not None and json.loads(raw)["parameters"] == {GROUP_PARAMETER: "8"}
+    # not held, or parameters that are not an object (the model refuses them): unchanged
+    assert tagged(fields, None, None) == (fields, None)
+    odd = json.dumps({"text_input": "a", "parameters": [1]}).encode()
+    assert tagged(None, odd, "9") == (None, odd)
 
 
 @pytest.mark.asyncio
@@ -166,6 +194,7 @@ async def test_off_the_gateway_never_holds_and_requests_reach_triton_as_sent() -
         assert calls == []
         assert [b["text_input"] for b in w.triton.generate_bodies] == prompts
         assert w.shaping_waits == [None] * len(prompts)
+        assert all(GROUP_PARAMETER not in b["parameters"] for b in w.triton.generate_bodies)
 
 
 @pytest.mark.asyncio
@@ -179,6 +208,8 @@ async def test_on_a_window_reaches_triton_in_runs_of_one_bucket() -> None:
         assert answers == [(" " + p.split()[0].upper()) * 2 for p in prompts]
         reached = [b["text_input"] for b in w.triton.generate_bodies]
         assert reached == [SHORT] * 3 + [LONG] * 3
+        groups = [b["parameters"][GROUP_PARAMETER] for b in w.triton.generate_bodies]
+        assert len(set(groups[:3])) == len(set(groups[3:])) == 1 and groups[0] != groups[3]
         assert WINDOW_SECONDS - 0.01 <= elapsed < WINDOW_SECONDS + SLACK_SECONDS
         assert w.served.gateway.shaper.released == {SHAPED.uid: 6}
         waits = [float(seconds or "nan") for seconds in w.shaping_waits]
@@ -188,3 +219,4 @@ async def test_on_a_window_reaches_triton_in_runs_of_one_bucket() -> None:
         assert await w.generate(SHORT, session="conv-1") == " S S"
         assert w.served.gateway.shaper.released == held_before
         assert w.shaping_waits[-1] is None
+        assert GROUP_PARAMETER not in w.triton.generate_bodies[-1]["parameters"]

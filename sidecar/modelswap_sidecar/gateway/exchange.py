@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from modelswap_sidecar.gateway import openai, sse
+from modelswap_sidecar.gateway import openai, shaping, sse
 from modelswap_sidecar.gateway.context import Call, Flavour
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import BadRequestError, GatewayError, UnknownModelError
@@ -165,8 +165,10 @@ class Exchange:
             prompt_bytes = self.shape_prompt_bytes if attempt == 1 else None
             if prompt_bytes is not None and self.route.shaping_wait_seconds > 0:
                 # off, the request goes on as before: no wait, nothing awaited
-                self.shaped_seconds = await self.gw.shaper.hold(self.route, prompt_bytes)
-                self.shaped = True
+                held = await self.gw.shaper.hold(self.route, prompt_bytes)
+                self.shaped, self.shaped_seconds = True, held.seconds
+                # the model batches the group's requests together (`shaping.tagged`)
+                json_body, body = shaping.tagged(json_body, body, held.group)
             # from here it holds the model's work at Triton: a swap-out whose drain it
             # outlasts ends it (`GatewayApp.end_requests`)
             self.gw.at_triton.add(self.route.triton_name, self.call)

@@ -50,7 +50,8 @@ one token per row per pass until every row has ended (its EOS, stop string, max_
 cancellation). A batched request's last response carries `padded_tokens`: the pad tokens
 its prompt got (the longest prompt's length less its own), against its `prompt_tokens`
 (the useful ones): the gateway's batch shaping (`spec.gateway.batchShaping`) makes it
-smaller by sending similar lengths together. Other requests run on their own, as before.
+smaller by sending similar lengths together, each bucket it releases as one
+`batch_group`, which a batch never mixes with another. Other requests run on their own, as before.
 
 Request parameters (what the gateway's OpenAI routes send; all optional):
     max_tokens         default: the `default_max_tokens` model parameter, less where the
@@ -69,6 +70,8 @@ Request parameters (what the gateway's OpenAI routes send; all optional):
                        theirs (`top_tokens`, `top_logprobs`, flattened, most likely first)
     presence_penalty, frequency_penalty    not implemented: refused unless 0
     session_id         the conversation whose KV cache to use and keep (above)
+    batch_group        the gateway's batch shaping: requests of one group are batched
+                       together and apart from others (`Batcher`)
 A parameter outside these ranges is refused with an error response naming it. Every
 response also carries `prompt_tokens` (the prompt's token count, BOS included), so the
 gateway can report `usage`. The config's `sampling_parameters` lists the sampling fields
@@ -327,9 +330,10 @@ def response(text, token_ids, prompt_tokens, finish_reason=None, scores=None, *,
 class Row:
     """One batched request: its stream of responses, sent as its tokens come."""
 
-    def __init__(self, model, request, sender, prompt_ids, sampling):
+    def __init__(self, model, request, sender, prompt_ids, sampling, *, group=None):
         self.model, self.request, self.sender = model, request, sender
         self.prompt_ids, self.sampling = prompt_ids, sampling
+        self.group = group  # the gateway's batch_group: batched only with its own group
         self.stream = TextStream(model.tokenizer, sampling.stop)
         self.pending = []
         self.padded = 0
@@ -369,7 +373,11 @@ class Row:
 class Batcher:
     """Requests queued for batches of at most `max_rows`, run one batch at a time by one
     thread: a batch starts `delay_seconds` after its first request arrived, or at once when
-    `max_rows` wait. Each request's thread waits until its row has ended."""
+    `max_rows` wait. A batch takes the oldest request and the requests of its group after
+    it, in arrival order (a group: the gateway's `batch_group`, the requests its batch
+    shaping released together; requests without one form one group), so a group of
+    similar prompt lengths is never mixed with another. Each request's thread waits until
+    its row has ended."""
 
     def __init__(self, run_batch, *, max_rows, delay_seconds):
         self.run_batch, self.max_rows, self.delay_seconds = run_batch, max_rows, delay_seconds
@@ -398,13 +406,16 @@ class Batcher:
                     self.cond.wait()
                 if not self.queued:
                     return
+                group = self.queued[0].group
                 deadline = time.monotonic() + self.delay_seconds
-                while len(self.queued) < self.max_rows and not self.closed:
+                while self._count(group) < self.max_rows and not self.closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self.cond.wait(left)
-                rows, self.queued = self.queued[: self.max_rows], self.queued[self.max_rows :]
+                rows = [row for row in self.queued if row.group == group][: self.max_rows]
+                taken = {id(row) for row in rows}
+                self.queued = [row for row in self.queued if id(row) not in taken]
             try:
                 self.run_batch(rows)
             except Exception as e:  # each stream must end with a final response
@@ -415,6 +426,9 @@ class Batcher:
             finally:
                 for row in rows:
                     row.finished.set()
+
+    def _count(self, group):
+        return sum(1 for row in self.queued if row.group == group)
 
     def close(self):
         with self.cond:
@@ -539,7 +553,9 @@ class TritonPythonModel:
         greedy = sampling.temperature == 0 and sampling.logprobs is None
         try:
             if self.batcher is not None and greedy and not alone:
-                self.batcher.run(Row(self, request, sender, prompt_ids, sampling))
+                group = parameters.get("batch_group")
+                group = None if group is None else str(group)
+                self.batcher.run(Row(self, request, sender, prompt_ids, sampling, group=group))
             elif alone:
                 # the store holds in_use() for the turn (after its lock: never the other
                 # way round, or a swap-out draining could wait on a thread that waits on
