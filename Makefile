@@ -99,6 +99,11 @@ bench-kv: setup ## a Llama's KV in the tiered pool: HBM KV bytes vs sequence len
 	$(BIN)/python -m bench.kv $(BENCH_KV_ARGS)
 	$(BIN)/python -m bench.render
 
+.PHONY: bench-shaping
+bench-shaping: setup ## batch shaping by prompt length: tinyllama batched, padded tokens per useful token and throughput with spec.gateway.batchShaping off and on side by side (~3 min); writes bench/results, docs/BENCHMARKS.md
+	$(BIN)/python -m bench.shaping $(BENCH_SHAPING_ARGS)
+	$(BIN)/python -m bench.render
+
 .PHONY: bench-operator-profile
 bench-operator-profile: setup ## the same run with the operator and the emulator under cProfile: where the time to Ready goes (~10 min; not in make bench)
 	$(BIN)/python -m bench.operator_scale --profile
