@@ -23,9 +23,8 @@ Needs torch and transformers 5.x (the `cache` argument; the bench stops when the
 stays empty, as it does under 4.x, which takes `cache` silently). `managed` is no choice:
 no engine allocator serves it (the managed mapper is in-process only).
 
-Batch shaping by sequence length (issue 29, item 5; `spec.gateway.batchShaping`) is not
-measured here: its figures (padded tokens per useful token, throughput with shaping off
-and on) need the LLM example to run batched, which it did not when this bench was built.
+Batch shaping by sequence length (`spec.gateway.batchShaping`) is measured by
+`bench/shaping.py` (`make bench-shaping`), not here.
 
 SIGTERM and SIGINT end the run cleanly (the engine closed, the scratch folder removed).
 """
@@ -84,9 +83,8 @@ NOTES = [
     "the heartbeats carry to the agent's modelswap_kv_tokens_recomputed_total and "
     "reused); 'agent' totals are the agent's view at the end of the run. 'tokens right': "
     "every continuation equals plain transformers' greedy tokens (no pool cache).",
-    "Batch shaping by sequence length (issue 29, item 5; spec.gateway.batchShaping) is not "
-    "measured by this bench: its rows (padded tokens per useful token and throughput, "
-    "shaping off and on, for a mixed-length workload) are absent, not zero.",
+    "Batch shaping by sequence length (spec.gateway.batchShaping) is measured by "
+    "make bench-shaping (its own section), not by this bench.",
 ]
 
 SIM_NOTES = [
