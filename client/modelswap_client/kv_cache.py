@@ -29,15 +29,20 @@ returning stale keys and values; `reset()` empties it so its tokens can be compu
 (`modelswap_client.kv_sessions` does that by itself). Use a cache inside `att.in_use()`:
 outside it the region may be swapped out.
 
-torch and transformers are imported at use: importing this module needs neither.
+torch and transformers are imported at use: importing this module needs neither. The
+cache needs transformers 5.24 or later (`REQUIRED_TRANSFORMERS`): 5.17 refuses
+`generate(cache=...)` ("model_kwargs are not used") and 4.x ignores the keyword without a
+word, so `PoolTensors.cache` checks the installed version and names it when it is older.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from modelswap_api.wire import ErrorCode
@@ -50,9 +55,11 @@ if TYPE_CHECKING:
 __all__ = [
     "KvCacheLost",
     "KvShape",
+    "REQUIRED_TRANSFORMERS",
     "PoolTensors",
     "for_attachment",
     "kv_shape_of",
+    "require_transformers",
 ]
 
 DEFAULT_TOKENS_PER_BLOCK = 16
@@ -69,6 +76,32 @@ class KvCacheLost(ClientError):  # noqa: N818 - reads as the condition
 
     def __init__(self, message: str) -> None:
         super().__init__(message, ErrorCode.CONFLICT)
+
+
+#: the oldest transformers whose `generate` passes `cache=` to the model (5.17 refuses the
+#: keyword, 4.x drops it silently and keeps its own cache)
+REQUIRED_TRANSFORMERS = (5, 24)
+
+
+def require_transformers() -> None:
+    """Raise a `ClientError` naming the installed transformers version when it is not
+    `REQUIRED_TRANSFORMERS` or later (or not installed, or its version unreadable). Reads
+    the package's metadata: transformers is not imported."""
+    needed = ".".join(map(str, REQUIRED_TRANSFORMERS))
+    try:
+        found = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        raise ClientError(
+            f"the KV cache needs transformers {needed} or later; it is not installed",
+            ErrorCode.BAD_REQUEST,
+        ) from None
+    match = re.match(r"(\d+)\.(\d+)", found)
+    if match is None or (int(match[1]), int(match[2])) < REQUIRED_TRANSFORMERS:
+        raise ClientError(
+            f"the KV cache needs transformers {needed} or later; found {found} "
+            "(older versions refuse or silently ignore generate(cache=...))",
+            ErrorCode.BAD_REQUEST,
+        )
 
 
 def _torch() -> Any:
@@ -178,7 +211,9 @@ class PoolTensors:
     def cache(self, seq_id: str, *, grow: Grow | None = None) -> Any:
         """A transformers `Cache` for sequence `seq_id` of the pool (batch 1), empty unless
         the pool holds the sequence already, which it then drops (a new cache cannot know
-        what those blocks hold)."""
+        what those blocks hold). Raises a `ClientError` when the installed transformers is
+        older than `REQUIRED_TRANSFORMERS`."""
+        require_transformers()
         self.pool.free(seq_id)
         return _cache_class()(self, seq_id, grow or grow_or_raise(self.pool))
 
