@@ -31,7 +31,14 @@ from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
 from modelswap_sidecar.agent.core.records import AgentModel, user_name_of
-from modelswap_sidecar.agent.core.reload_drain import ReloadDrain, drain
+from modelswap_sidecar.agent.core.reload_drain import (
+    DROP,
+    RELOAD,
+    REMOVAL,
+    Purpose,
+    ReloadDrain,
+    drain,
+)
 from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import LoadError
 from modelswap_sidecar.engine.core import Engine
@@ -142,9 +149,14 @@ class Actuator:
         self.ended_runtimes: dict[str, str] = {}
         #: by UID: the reload under way, which later ones join
         self._reloads: dict[str, _Reload] = {}
-        #: how a reload drains its model's requests (the gateway's, `drain_reloads_with`);
-        #: None: no gateway, nothing in flight to drain
+        #: how an unload from Triton (a reload, a removal, a drop-style swap-out) drains
+        #: the model's requests first (the gateway's, `drain_reloads_with`); None: no
+        #: gateway, nothing in flight to drain
         self.reload_drain: ReloadDrain | None = None
+        #: UIDs whose requests a drain waits for now (`_drain`)
+        self._draining: set[str] = set()
+        #: UIDs a drop-style swap-out holds (new requests queue) while it drains and unloads
+        self._held_swap_outs: set[str] = set()
 
     # -- swap events and waiting -------------------------------------------------------------
 
@@ -182,6 +194,14 @@ class Actuator:
                 return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
             if (refused := self._reload_refusal(model)) is not None:
                 return refused
+            if model.uid in self._draining and not model.desired:
+                # a removal drains it: swapping it in for a request it then ends is waste
+                return ActionResult(
+                    uid=model.uid,
+                    outcome="refused",
+                    reason="Removed",
+                    message="the model is being removed from this node",
+                )
             if model.uid not in self._reloads and model.serving is not Serving.LOADING:
                 break
             await self.changed(deadline - self.clock())
@@ -432,8 +452,15 @@ class Actuator:
         idle = self._idle_seconds(model)
         if model.drops:  # not the engine's swap: recorded here
             started = self.clock()
-            await self.loader.unload(model, release_source=False)
-            model.serving = Serving.DROPPED
+            # new requests wait in the gateway's queue (served after its next swap-in), as
+            # for the engine's swap-out; those in flight are drained before Triton unloads
+            self._held_swap_outs.add(model.uid)
+            try:
+                await self._drain(model, DROP)
+                await self.loader.unload(model, release_source=False)
+                model.serving = Serving.DROPPED
+            finally:
+                self._held_swap_outs.discard(model.uid)
             self._record_swap(
                 model,
                 SwapEvent(
@@ -556,9 +583,14 @@ class Actuator:
     # -- unloading ---------------------------------------------------------------------------
 
     async def unload(self, model: AgentModel) -> None:
-        """Missing from the set past the grace period: out of Triton, host bytes kept."""
+        """Missing from the set past the grace period (or forgotten, `forget`): out of
+        Triton, host bytes kept. A loaded model drains first (`reload_drain`, `REMOVAL`).
+        Not desired from the start: new requests are answered as once it is gone (404, the
+        gateway routes it no more) rather than held for a model that will not return."""
         async with self.lock_of(model.uid):
             model.desired = False
+            if model.serving is Serving.LOADED:
+                await self._drain(model, REMOVAL)
             if model.serving in (Serving.LOADED, Serving.LOADING, Serving.DROPPED):
                 model.serving = Serving.UNLOADING
                 started = self.clock()
@@ -610,13 +642,40 @@ class Actuator:
     # -- reloading from the source ---------------------------------------------------------
 
     def drain_reloads_with(self, reload_drain: ReloadDrain) -> None:
-        """Have each reload drain its model's requests through `reload_drain` first."""
+        """Have each unload from Triton (a reload, a removal, a drop-style swap-out) drain
+        its model's requests through `reload_drain` first."""
         self.reload_drain = reload_drain
 
+    async def _drain(self, model: AgentModel, purpose: Purpose) -> None:
+        """Wait for (or end at the deadline) the model's requests in flight before an
+        unload from Triton (`reload_drain.drain`)."""
+        if self.reload_drain is None:
+            return
+        self._draining.add(model.uid)
+        try:
+            await drain(
+                model, self.reload_drain, clock=self.clock, changed=self.changed, purpose=purpose
+            )
+        finally:
+            self._draining.discard(model.uid)
+
     def held(self, uid: str) -> bool:
-        """A reload holds the model: its new requests wait (the gateway queues them)."""
+        """A reload or a drop-style swap-out holds the model: its new requests wait (the
+        gateway queues them)."""
         under_way = self._reloads.get(uid)
-        return under_way is not None and under_way.holding
+        return (under_way is not None and under_way.holding) or uid in self._held_swap_outs
+
+    def hold_state(self, uid: str) -> str | None:
+        """What holds the model, as progress lines say it: Reloading, SwappingOut."""
+        under_way = self._reloads.get(uid)
+        if under_way is not None and under_way.holding:
+            return "Reloading"
+        return "SwappingOut" if uid in self._held_swap_outs else None
+
+    def draining(self, uid: str) -> bool:
+        """A drain waits for the model's requests (or holds it): each answer should
+        `notify`."""
+        return uid in self._draining or self.held(uid)
 
     async def reload(self, model: AgentModel, *, keep_host_copy: bool, why: str) -> ActionResult:
         """Load the model again from its source (local mode: its files changed). It drains
@@ -689,8 +748,7 @@ class Actuator:
                 return ActionResult(uid=model.uid, outcome="refused", reason=str(model.serving))
             if model.serving is Serving.LOADED:
                 under_way.holding = True
-                if self.reload_drain is not None:
-                    await drain(model, self.reload_drain, clock=self.clock, changed=self.changed)
+                await self._drain(model, RELOAD)
                 under_way.unloading = True
                 self.notify()  # a client's own swap-in waiting on it is refused now
                 try:

@@ -12,9 +12,10 @@ get 503 `DrainDeadline` with Retry-After, and the drain completes within the eng
 `drain_end_grace_seconds`. The engine knows nothing of the gateway: this module wires
 the two.
 
-A reload drains the same way (`agent.core.reload_drain`): `GatewayRequests` tells the
-actuator how many of a model's requests wait in the gateway's queue, and ends those at
-Triton with the same `end_requests`.
+Every other unload from Triton (a reload, a removal, a drop-style swap-out) drains the
+same way (`agent.core.reload_drain`): `GatewayRequests` tells the actuator how many of a
+model's requests wait in the gateway's queue, and ends those at Triton with the same
+`end_requests`.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class GatewayRequests:
 def drain_reloads_through_gateway(
     actuator: Actuator, app: GatewayApp, drain_timeout_seconds: float, end_grace_seconds: float
 ) -> None:
-    """Have each of `actuator`'s reloads drain its model's requests at `app` first."""
+    """Have each of `actuator`'s unloads from Triton drain its model's requests at `app`
+    first."""
     actuator.drain_reloads_with(
         ReloadDrain(
             requests=GatewayRequests(app),

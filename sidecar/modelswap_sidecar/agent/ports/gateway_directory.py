@@ -12,8 +12,9 @@ residency from the engine, swap-ins through the actuator, request times for the 
   Triton serves it and, for a model that maps memory through the client library, the
   engine holds it RESIDENT (or LOADING once a dropped model's swap-in has mapped fresh
   memory: the next request reloads its weights).
-- `ensure_resident`: waits while a reload holds the model (`Actuator.held`: it drains
-  and unloads it; `is_resident` is False meanwhile, so new requests queue) and for a
+- `ensure_resident`: waits while a reload or a drop-style swap-out holds the model
+  (`Actuator.held`: it drains and unloads it; `is_resident` is False meanwhile, so new
+  requests queue; a removal holds nothing: the model is not desired, so they get 404) and for a
   model still loading, then `Actuator.swap_in` (policy admission, victims swapped out
   first, the engine's swap-in or a reload after a drop).
   The gateway calls it once per cold period; the actuator's per-model lock serialises it
@@ -189,7 +190,7 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None or model.serving is not Serving.LOADED:
             return False
-        if self.actuator.held(uid):  # a reload drains it: new requests wait in its queue
+        if self.actuator.held(uid):  # an unload drains it: new requests wait in its queue
             return False
         state = self.actuator.engine_state(model) if model.attaches else None
         return answers_now(model.serving, attaches=model.attaches, engine_state=state)
@@ -198,8 +199,8 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None:
             return "unknown"
-        if self.actuator.held(uid):
-            return "Reloading"
+        if (holding := self.actuator.hold_state(uid)) is not None:
+            return holding
         if model.serving is not Serving.LOADED or not model.attaches:
             return str(model.serving)
         state = self.actuator.engine_state(model)
@@ -232,8 +233,9 @@ class AgentDirectory:
         log.debug("model %s resident for the gateway (%s)", uid, result.reason)
 
     async def _wait_reload(self, model: AgentModel, deadline: float) -> None:
-        """Wait while a reload holds the model (it drains, then unloads it; its load is
-        under way when the hold ends)."""
+        """Wait while a reload or a drop-style swap-out holds the model (it drains, then
+        unloads it; a reload's load is under way when the hold ends, a dropped model is
+        swapped in again after it)."""
         while self.actuator.held(model.uid) and self.clock() < deadline:
             await self.actuator.changed(deadline - self.clock())
 
@@ -268,6 +270,6 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is not None:
             model.active_requests = max(model.active_requests - 1, 0)
-            # a swap-in waiting for an idle model looks again, and so does a reload's drain
-            if not model.active_requests or self.actuator.held(uid):
+            # a swap-in waiting for an idle model looks again, and so does an unload's drain
+            if not model.active_requests or self.actuator.draining(uid):
                 self.actuator.notify()
