@@ -62,6 +62,7 @@ class Attachment:
     dropped = False
     kv_discarded = False
     epoch = 0
+    kv_generation = 0  # no swap ever discards the KV region here
 
     def __init__(self, model: str, regions: Sequence[Any]) -> None:
         self.model = model
@@ -85,6 +86,10 @@ class Attachment:
         pass
 
     def on_readopt(self, handler: Callable[[Attachment], None]) -> None:
+        pass
+
+    # no agent to report to
+    def report_kv(self, report: Callable[[], dict[str, int]] | None) -> None:
         pass
 
     def kv_pool(self, tag: str, *, block_bytes: int, tokens_per_block: int) -> TieredKvPool:
