@@ -102,7 +102,7 @@ class DesiredEntry(_Wire):
     #: The generation at which `spec.model` last changed (the "model generation"): with
     #: `uid` it names the model *instance* the agent holds (`agent.core.instances`). An
     #: entry with a new model generation is a changed model, rolled out beside the old
-    #: instance; unset (a sender that does not say, local mode): model generation 1.
+    #: instance; unset (a sender that does not say, a dev model in local mode): model generation 1.
     model_generation: int | None = None
     #: The effective policy (the spec's policy fields merged over the cluster defaults, as
     #: in the ModelDeployment's status.effectivePolicy); every field set. The sender (the
