@@ -61,20 +61,27 @@ class Purpose:
     being: str
     #: what the ended request's client should do, e.g. "send it again (...)"
     then: str
+    #: what new requests get meanwhile, as the log says it
+    newcomers: str
 
 
 RELOAD = Purpose(
-    "reload", "being reloaded", "send it again (it is served once the model is loaded again)"
+    "reload",
+    "being reloaded",
+    "send it again (it is served once the model is loaded again)",
+    "holds new requests",
 )
 REMOVAL = Purpose(
     "unload",
     "being removed from this node (deleted, or missing from the desired set past its grace)",
     "it is no longer served here",
+    "answers new requests as gone (404)",
 )
 DROP = Purpose(
     "swap-out",
     "being swapped out (unloaded from Triton: its runtime cannot keep its memory)",
     "send it again (the model swaps back in)",
+    "holds new requests",
 )
 
 
@@ -113,10 +120,11 @@ async def drain(
     if not waiting:
         return 0
     log.info(
-        "model %s: %s drains %d request(s) in flight before it unloads the model "
+        "model %s: %s %s and drains %d request(s) in flight before it unloads the model "
         "(policy.drainTimeoutSeconds %g)",
         model.uid,
         purpose.action,
+        purpose.newcomers,
         waiting,
         drain_settings.timeout_seconds,
     )
