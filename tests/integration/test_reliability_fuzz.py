@@ -215,6 +215,29 @@ CHECKS = [
 ]
 
 
+#: (HTTP method, the strategy drawing its cases) for one operation and generation mode
+ControlPlan = tuple[str, st.SearchStrategy[schemathesis.Case]]
+
+
+def control_plans() -> list[ControlPlan]:
+    """The document's operations in both generation modes, in the order drawn; built in the
+    test's own thread before the fuzz thread starts. schemathesis imports its modules as
+    they are first needed, and pytest rewrites a plugin's modules (`ast.parse`) as they are
+    imported; CPython 3.11.7 counts the AST conversion's recursion in state its threads
+    share, so such an import in the fuzz thread, beside a parse in another thread, once
+    failed with "AST constructor recursion depth mismatch" (CI)."""
+    schema = schemathesis.openapi.from_path(OPENAPI)
+    operations = [
+        (result.ok(), mode)
+        for result in schema.get_all_operations()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    ]
+    # an operation with few distinct cases (GET /v1/openapi.yaml) first: what it cannot
+    # draw goes to the ones after it
+    operations.sort(key=lambda o: (o[0].path != "/v1/openapi.yaml", o[0].method == "put"))
+    return [(op.method, op.as_strategy(generation_mode=mode)) for op, mode in operations]
+
+
 @dataclass
 class ControlFuzz:
     """schemathesis cases drawn for each operation of the document and generation mode in
@@ -228,29 +251,20 @@ class ControlFuzz:
     repushed: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(SEED))
 
-    def run(self, total: int) -> None:
-        schema = schemathesis.openapi.from_path(OPENAPI)
-        plans = [
-            (result.ok(), mode)
-            for result in schema.get_all_operations()
-            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-        ]
-        # an operation with few distinct cases (GET /v1/openapi.yaml) first: what it cannot
-        # draw goes to the ones after it
-        plans.sort(key=lambda plan: (plan[0].path != "/v1/openapi.yaml", plan[0].method == "put"))
-        puts = sum(1 for operation, _ in plans if operation.method == "put")
+    def run(self, total: int, plans: list[ControlPlan]) -> None:
+        puts = sum(1 for method, _ in plans if method == "put")
         put_cases = max(1, round(total * PUT_SHARE / puts))
         left, others = total - put_cases * puts, len(plans) - puts
         with requests.Session() as session:
             session.trust_env = False
-            for operation, mode in plans:
-                if operation.method == "put":
+            for method, strategy in plans:
+                if method == "put":
                     count = put_cases
                 else:
                     count, others = max(1, left // others), others - 1
                 before = self.sent
-                self.draw_and_send(operation.as_strategy(generation_mode=mode), count, session)
-                if operation.method != "put":
+                self.draw_and_send(strategy, count, session)
+                if method != "put":
                     left -= self.sent - before
 
     def draw_and_send(
@@ -427,7 +441,8 @@ async def test_fuzzed_gateway_and_control_api_leave_the_node_serving(tmp_path: P
 
         watcher = threading.Thread(target=watch_triton, daemon=True)
         watcher.start()
-        control_run = asyncio.create_task(asyncio.to_thread(fuzz.run, CONTROL_INPUTS))
+        plans = control_plans()
+        control_run = asyncio.create_task(asyncio.to_thread(fuzz.run, CONTROL_INPUTS, plans))
         other_checks: list[str | None] = []
         inputs: Iterator[HostileInput] = hostile_inputs(SEED, GATEWAY_INPUTS)
         sent = 0
