@@ -74,7 +74,8 @@ async def test_instances_roll_out_fail_back_and_release(tmp_path: Path) -> None:
 
         async def adopted() -> dict[str, Any] | None:
             info = await control.model(UID)
-            return info if info["phase"] == "Resident" else None
+            # Empty until the restarted agent has taken the instances back.
+            return info if info.get("phase") == "Resident" else None
 
         info = await until_async(adopted, "the old instance readopted", 60)
         assert info["modelGeneration"] == 1, info

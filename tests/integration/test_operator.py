@@ -269,6 +269,8 @@ async def test_two_operators_one_leader_and_a_late_push_is_refused(tmp_path: Pat
                 await until(lambda: any(p.readyz() == 200 for p in pair), "one operator leads")
                 leader = next(p for p in pair if p.readyz() == 200)
                 standby = next(p for p in pair if p is not leader)
+                # The standby may start its health server after the leader leads.
+                await until(lambda: standby.readyz() is not None, "the standby to answer", 30)
                 assert standby.readyz() == 503  # alive, not leading
                 objects.apply(load_yaml(EXAMPLES / "classify-drop-on-idle.yaml"))
                 await wait_ready(objects, "classify")
