@@ -32,9 +32,7 @@ SIGTERM and SIGINT end the run cleanly (the engine closed, the scratch folder re
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -42,7 +40,6 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from bench import results_schema, scratch
@@ -524,49 +521,18 @@ def _gpu_name(backend: str) -> str:
 
 
 def write(args: argparse.Namespace, results: list[dict[str, Any]], load: list[float]) -> Path:
-    m = results_schema.machine()
-    m["gpu"] = _gpu_name(args.backend)
-    commit, uncommitted = results_schema.git_state(ROOT)
-    sent = os.environ.get("MODELSWAP_BENCH_COMMIT")
-    if sent:
-        # a GPU machine gets a copy of the tree whose .git may be another commit's: the
-        # caller says which commit it sent (as for bench/gpu_swap.py)
-        commit, uncommitted = sent, []
     options = "".join(f" {a}" for a in args.argv)
-    doc = {
-        "schema": results_schema.SCHEMA,
-        "bench": "kv",
-        "command": f"python -m bench.kv{options}"
-        if options
-        else "make bench-kv (python -m bench.kv)",
-        "machine_class": results_schema.machine_class(m),
-        "machine": m,
-        "git_commit": commit,
-        "git_uncommitted": uncommitted,
-        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "backend": args.backend,
-        "scaled": False,
-        "scaled_target_bytes_per_second": None,
-        "notes": NOTES + (SIM_NOTES if args.backend == "sim" else []),
-        "results": results,
-        "load_average": {"start": load, "end": results_schema.load_average()},
-    }
-    path = (
-        Path(args.out)
-        if args.out
-        else results_schema.RESULTS / str(doc["machine_class"]) / "kv.json"
+    return results_schema.write(
+        "kv",
+        f"python -m bench.kv{options}" if options else "make bench-kv (python -m bench.kv)",
+        results,
+        NOTES + (SIM_NOTES if args.backend == "sim" else []),
+        backend=args.backend,
+        scaled=False,
+        load_average_start=load,
+        gpu=_gpu_name(args.backend),
+        out=Path(args.out) if args.out else None,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM/SIGINT: unwind through every `finally`; a second signal is ignored so it
-    cannot cut that cleanup short."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -601,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--lengths: token counts above 0, comma-separated, not {args.lengths!r}")
     if args.repeats < 1 or args.conversation_tokens <= args.new_tokens:
         p.error("need --repeats >= 1 and --conversation-tokens above --new-tokens")
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
+    scratch.unwind_on_signals()
     load = results_schema.load_average()
     with scratch.directory("modelswap-bench-kv-", "/dev/shm") as tmp:
         print(f"workdir {tmp}", flush=True)

@@ -156,11 +156,23 @@ def write(
     scaled: bool,
     scaled_target_bytes_per_second: float | None = None,
     load_average_start: list[float] | None = None,
+    gpu: str | None = None,
+    out: Path | None = None,
 ) -> Path:
+    """Write one bench's results to `out` (default: bench/results/<machine class>/<bench>.json).
+
+    `gpu` names the card the figures come from, for a bench that knows it. A GPU machine
+    gets a copy of the tree whose .git may be another commit's: the caller then names the
+    commit it sent in MODELSWAP_BENCH_COMMIT, and that is recorded."""
     if scaled != (scaled_target_bytes_per_second is not None):
         raise ValueError("a scaled result names its target bandwidth, an unscaled one none")
     m = machine()
-    commit, uncommitted = git_state()
+    if gpu is not None:
+        m["gpu"] = gpu
+    commit, uncommitted = git_state(RESULTS.parents[1])
+    sent = os.environ.get("MODELSWAP_BENCH_COMMIT")
+    if sent:
+        commit, uncommitted = sent, []
     doc = {
         "schema": SCHEMA,
         "bench": bench,
@@ -179,7 +191,7 @@ def write(
     if load_average_start is not None:
         # 1/5/15-minute load averages when the bench started and when it ended
         doc["load_average"] = {"start": load_average_start, "end": load_average()}
-    path = RESULTS / str(doc["machine_class"]) / f"{bench}.json"
+    path = out if out is not None else RESULTS / str(doc["machine_class"]) / f"{bench}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 PREFIX = "modelswap-bench-"
 OWNER_FILE = ".modelswap-bench-owner"
@@ -123,3 +124,17 @@ def directory(prefix: str, parent: str | Path | None = None) -> Iterator[Path]:
         written.write_text(owner_record())
         written.rename(Path(tmp) / OWNER_FILE)
         yield Path(tmp)
+
+
+def _unwind(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def unwind_on_signals() -> None:
+    """SIGTERM/SIGINT unwind the bench through every `finally` (its node's group stopped,
+    its directories removed); a second signal is ignored so it cannot cut that cleanup
+    short."""
+    signal.signal(signal.SIGTERM, _unwind)
+    signal.signal(signal.SIGINT, _unwind)

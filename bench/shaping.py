@@ -27,14 +27,12 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
 import httpx
@@ -303,42 +301,19 @@ def reading(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 
 
 def write(args: argparse.Namespace, results: list[dict[str, Any]], load: list[float]) -> Path:
-    m = results_schema.machine()
-    commit, uncommitted = results_schema.git_state(ROOT)
     options = "".join(f" {a}" for a in args.argv)
-    doc = {
-        "schema": results_schema.SCHEMA,
-        "bench": "shaping",
-        "command": f"python -m bench.shaping{options}"
+    return results_schema.write(
+        "shaping",
+        f"python -m bench.shaping{options}"
         if options
         else "make bench-shaping (python -m bench.shaping)",
-        "machine_class": results_schema.machine_class(m),
-        "machine": m,
-        "git_commit": commit,
-        "git_uncommitted": uncommitted,
-        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "backend": "sim",
-        "scaled": False,
-        "scaled_target_bytes_per_second": None,
-        "notes": [*NOTES, reading(args, results)],
-        "results": results,
-        "load_average": {"start": load, "end": results_schema.load_average()},
-    }
-    path = (
-        Path(args.out)
-        if args.out
-        else results_schema.RESULTS / str(doc["machine_class"]) / "shaping.json"
+        results,
+        [*NOTES, reading(args, results)],
+        backend="sim",
+        scaled=False,
+        load_average_start=load,
+        out=Path(args.out) if args.out else None,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM/SIGINT: unwind through every `finally`; a second signal is ignored."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--edges: byte counts, comma-separated, not {args.edges!r}")
     if args.burst < 2 or args.repeats < 1 or not 1 <= args.wait_ms <= 1000:
         p.error("need --burst >= 2, --repeats >= 1 and --wait-ms within 1..1000")
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
+    scratch.unwind_on_signals()
     load = results_schema.load_average()
     with scratch.directory("modelswap-bench-shaping-", "/dev/shm") as tmp:
         print(f"workdir {tmp}", flush=True)

@@ -48,7 +48,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from bench import results_schema, scratch
@@ -662,14 +661,6 @@ def paced_notes(pace_bytes_per_second: float) -> list[str]:
     ]
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM/SIGINT: unwind through every `finally` (client group killed, work dir
-    removed); a second signal is ignored so it cannot cut that cleanup short."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--sizes-mib", default="64,256,1024")
@@ -685,8 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-results", action="store_true", help="print only; write no result file (tests)"
     )
     args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
+    scratch.unwind_on_signals()
     pace = args.pace_gbps * 1e9
     load_start = results_schema.load_average()
     results: list[dict[str, Any]] = []
