@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import threading
 import time
 from collections import Counter, deque
@@ -63,8 +62,8 @@ from yarl import URL
 
 from modelswap_sidecar.triton.process import free_loopback_port
 from tests.support.agent_harness import MIB, TOKEN, AgentConfig, entry, new_uid, node
+from tests.support.attached_toys import attach_toy
 from tests.support.bursts import Expected, Outcomes, Reference, one_request, small_mlp_models
-from tests.support.gateway_triton import GATEWAY_MODELS
 from tests.support.hostile_bodies import HostileInput, hostile_inputs
 from tests.support.kube_testing import REPO_ROOT
 from tests.support.reliability import OUT_ENV, record
@@ -334,56 +333,11 @@ class ControlFuzz:
 # -- the run ---------------------------------------------------------------------------------
 
 
-#: The toys of tests/data/gateway_models do not use the client library; under the real
-#: agent a python-backend model must attach (else its process counts as exited and it is
-#: loaded again and again). This model.py attaches with one small region, commits it, and
-#: serves with the toy's own class (its file renamed toy.py).
-ATTACHED_TOY = """\
-import importlib.util
-import json
-import os
-
-from modelswap_client.client import RegionSpec, attach
-
-_spec = importlib.util.spec_from_file_location(
-    "toy", os.path.join(os.path.dirname(__file__), "toy.py")
-)
-_toy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_toy)
-
-
-def _param(config, key, default=None):
-    value = config.get("parameters", {}).get(key)
-    return value["string_value"] if value else default
-
-
-class TritonPythonModel(_toy.TritonPythonModel):
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.att = attach(
-            args["model_name"],
-            [RegionSpec("weights", int(_param(config, "modelswap.weights_bytes")))],
-            instance=args["model_instance_name"],
-            socket_path=_param(config, "modelswap.agent_socket"),
-            mapper=_param(config, "modelswap.mapper", "sim"),
-        )
-        if not self.att.restored:
-            self.att.commit()
-        if hasattr(_toy.TritonPythonModel, "initialize"):
-            super().initialize(args)
-
-    def finalize(self):
-        self.att.close()
-"""
-
-
 def models_folder(tmp_path: Path) -> Path:
     """examples/models/mlp (a 2 MiB region) and the toys, attaching."""
     root = small_mlp_models(tmp_path, OTHER_WEIGHTS_BYTES)
     for toy in TOYS:
-        shutil.copytree(GATEWAY_MODELS / toy, root / toy)
-        (root / toy / "1" / "model.py").rename(root / toy / "1" / "toy.py")
-        (root / toy / "1" / "model.py").write_text(ATTACHED_TOY)
+        attach_toy(root, toy, execute_in_use=False, close_on_finalize=True)
     return root
 
 

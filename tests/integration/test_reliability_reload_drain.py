@@ -48,6 +48,7 @@ from tests.support.agent_harness import (
     new_uid,
     node,
 )
+from tests.support.attached_toys import attach_toy
 from tests.support.reliability import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
@@ -61,53 +62,11 @@ CRASH_MARKS = ("bad_alloc", "terminate called", "Aborted", "Segmentation fault",
 #: Longer than any answer may take here (a drain, an unload and a load, on 2 loaded cores).
 ANSWER_SECONDS = 60.0
 
-#: `batched` (tests/data/gateway_models) attached through the client library, as the fuzz
-#: run serves it: the toy's execute, a 1 MiB region committed once.
-ATTACHED_BATCHED = """\
-import importlib.util
-import json
-import os
-
-from modelswap_client.client import RegionSpec, attach
-
-_spec = importlib.util.spec_from_file_location(
-    "toy", os.path.join(os.path.dirname(__file__), "toy.py")
-)
-_toy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_toy)
-
-
-def _param(config, key, default=None):
-    value = config.get("parameters", {}).get(key)
-    return value["string_value"] if value else default
-
-
-class TritonPythonModel(_toy.TritonPythonModel):
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.att = attach(
-            args["model_name"],
-            [RegionSpec("weights", int(_param(config, "modelswap.weights_bytes")))],
-            instance=args["model_instance_name"],
-            socket_path=_param(config, "modelswap.agent_socket"),
-            mapper=_param(config, "modelswap.mapper", "sim"),
-        )
-        if not self.att.restored:
-            self.att.commit()
-
-    def execute(self, requests):
-        with self.att.in_use():
-            return super().execute(requests)
-"""
-
 
 def models_folder(tmp_path: Path) -> Path:
     root = tmp_path / "testmodels"
     shutil.copytree(TEST_MODELS / "heldgen", root / "heldgen")
-    shutil.copytree(TEST_MODELS / "batched", root / "batched")
-    toy = root / "batched" / "1"
-    (toy / "model.py").rename(toy / "toy.py")
-    (toy / "model.py").write_text(ATTACHED_BATCHED)
+    attach_toy(root, "batched", execute_in_use=True, close_on_finalize=False)
     return root
 
 
