@@ -15,6 +15,7 @@ client address, and the gateway's cap leaves `reserve_file_descriptors` to the r
 
 The control API and the metrics server get the same guard with fixed caps out of the
 gateway's reserve (`control_caps`, `metrics_caps`); they close a refused connection at once.
+The gateway's gRPC front is capped by gRPC core itself (`grpc_max_connections`).
 
 A connection over a cap makes room first: the longest-idle connections under that cap (no
 request in flight, waiting for the next one's headers, as aiohttp's own keep-alive expiry
@@ -90,6 +91,15 @@ def metrics_caps(limit: int) -> ConnectionCaps:
     one address (Prometheus scrapes over one connection). Out of the gateway's reserve."""
     cap = max(4, min(64, limit // 64))
     return ConnectionCaps(max_connections=cap, max_connections_per_address=cap // 4)
+
+
+def grpc_max_connections(limit: int) -> int:
+    """The gateway gRPC front's connection cap: a 32nd of the limit, at most 128, out of
+    the gateway's reserve. A gRPC client multiplexes its calls over one connection per
+    channel, so few are needed; gRPC core closes a connection over the cap as it is
+    accepted (it has no per-address cap and closes no idle one to make room: idle ones
+    are closed after `GrpcSettings.idle_close_seconds`)."""
+    return max(4, min(128, limit // 32))
 
 
 def open_files_limit() -> int:

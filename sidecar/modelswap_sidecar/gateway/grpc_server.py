@@ -61,6 +61,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from modelswap_sidecar.gateway import extensions, generation, grpc_tensors, tensors
 from modelswap_sidecar.gateway.config_reads import read_model_config
+from modelswap_sidecar.gateway.connections import grpc_max_connections, open_files_limit
 from modelswap_sidecar.gateway.context import Call, Gateway
 from modelswap_sidecar.gateway.directory import ModelRoute
 from modelswap_sidecar.gateway.errors import (
@@ -116,6 +117,14 @@ class GrpcSettings:
     max_message_bytes: int = 64 << 20
     #: Seconds a stopping server lets calls finish.
     stop_grace_seconds: float = 5.0
+    #: Client connections held at once (None: `grpc_max_connections` of the open-files
+    #: limit); gRPC core closes one over the cap as it is accepted.
+    max_connections: int | None = None
+    #: A connection with no call for this long is closed (GOAWAY: a client opens a new
+    #: one for its next call), so idle connections cannot hold the cap for good.
+    idle_close_seconds: float = 120.0
+    #: A connection that has not finished HTTP/2's opening by then is closed.
+    handshake_seconds: float = 10.0
 
 
 class _Call:
@@ -211,11 +220,17 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
     async def start(self) -> int:
         """Listen; the bound port."""
         await self.upstream.start()
-        size = self.settings.max_message_bytes
+        settings = self.settings
+        cap = settings.max_connections
+        if cap is None:
+            cap = grpc_max_connections(open_files_limit())
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", size),
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
+                ("grpc.max_allowed_incoming_connections", cap),
+                ("grpc.max_connection_idle_ms", int(settings.idle_close_seconds * 1000)),
+                ("grpc.server_handshake_timeout_ms", int(settings.handshake_seconds * 1000)),
             ]
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
@@ -227,10 +242,11 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         self._server = server
         self.port = int(port)
         logger.info(
-            "gateway gRPC on %s:%d in front of Triton's gRPC at %s",
-            self.settings.host,
+            "gateway gRPC on %s:%d in front of Triton's gRPC at %s; at most %d client connections",
+            settings.host,
             port,
-            self.settings.upstream_target,
+            settings.upstream_target,
+            cap,
         )
         return int(port)
 
