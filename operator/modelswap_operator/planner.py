@@ -1,8 +1,8 @@
 """The placement planner: which GPU of which live node each ModelDeployment goes to.
 
 `plan(swap_nodes, deployments, assignments, defaults) -> Plan` is pure: no API calls, no
-clocks, no randomness; the same inputs in any order give the same plan. The actuator
-carries the plan out.
+clocks, no randomness; the same inputs in any order give the same plan. The reconciler's
+`placing` turns it into each model's verdict; pushes and statuses carry it out.
 
 Rules (DESIGN §5):
 
@@ -31,34 +31,31 @@ never over-commits a GPU, so every kept set still fits.
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from modelswap_api.errors import PolicyError
-from modelswap_api.models import (
-    GatewayPolicy,
-    KvCachePolicy,
-    ModelDeployment,
-    ModelDeploymentSpec,
-    SwapNode,
-    SwapPolicy,
-)
-from modelswap_api.policy import EffectivePolicy, effective_policy
+from modelswap_api.models import ModelDeployment, SwapNode
+from modelswap_api.policy import EffectivePolicy
 from modelswap_operator.planning.capacity import BestFit, Demand, Ledger, demand_of
 from modelswap_operator.planning.eligibility import (
     GpuSlot,
     Ineligible,
     NodeView,
     PlacementKey,
-    eligible_gpus,
     node_views,
     selects,
     show_bytes,
     untolerated,
+)
+from modelswap_operator.planning.groups import Group, group_of, size_problem
+from modelswap_operator.planning.policies import (
+    clear_policy_cache,
+    policies,
+    policy_invalid,
+    uid_of,
 )
 from modelswap_operator.planning.results import (
     Assignment,
@@ -79,16 +76,6 @@ __all__ = [
     "clear_policy_cache",
     "plan",
 ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Group:
-    """The GPUs every model with one `PlacementKey` may use."""
-
-    gpus: tuple[GpuSlot, ...]
-    indices: frozenset[int]
-    #: (budget - overhead, host capacity) pairs no other eligible GPU beats in both
-    frontier: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,19 +119,19 @@ def plan_views(
     """`plan` over the nodes as placement sees them (`node_views`): all of a SwapNode
     that a plan depends on, so equal views with the same other inputs plan the same."""
     unplaced: dict[str, Unplaced] = {}
-    groups: dict[PlacementKey, _Group | Ineligible] = {}
+    groups: dict[PlacementKey, Group | Ineligible] = {}
     candidates: list[_Candidate] = []
-    for deployment, policy in _policies(deployments, defaults):
-        uid = _uid(deployment)
+    for deployment, policy in policies(deployments, defaults):
+        uid = uid_of(deployment)
         if isinstance(policy, PolicyError):
-            unplaced[uid] = _policy_invalid(uid, policy)
+            unplaced[uid] = policy_invalid(uid, policy)
             continue
         key = PlacementKey.of(deployment.spec.placement)
         if key not in groups:
-            groups[key] = _group(key, nodes)
+            groups[key] = group_of(key, nodes)
         group = groups[key]
         demand = demand_of(uid, deployment.spec.model, policy)
-        problem = group if isinstance(group, Ineligible) else _size_problem(demand, group)
+        problem = group if isinstance(group, Ineligible) else size_problem(demand, group)
         if problem is not None:
             unplaced[uid] = Unplaced(
                 uid=uid,
@@ -155,7 +142,7 @@ def plan_views(
             )
             continue
         candidates.append(_Candidate(deployment=deployment, policy=policy, demand=demand, key=key))
-    usable = {k: g for k, g in groups.items() if isinstance(g, _Group)}
+    usable = {k: g for k, g in groups.items() if isinstance(g, Group)}
     ledger = Ledger([gpu for node in nodes for gpu in node.gpus])
     placed, to_place = _keep(candidates, assignments, nodes, usable, ledger)
     fitter = BestFit(ledger, {key: group.gpus for key, group in usable.items()})
@@ -166,133 +153,11 @@ def plan_views(
     )
 
 
-def _uid(deployment: ModelDeployment) -> str:
-    return str(deployment.metadata["uid"])
-
-
-def _policies(
-    deployments: Sequence[ModelDeployment], defaults: Mapping[str, Any]
-) -> list[tuple[ModelDeployment, EffectivePolicy | PolicyError]]:
-    """Each deployment (by UID) with its effective policy, or the error that refused it."""
-    ordered = sorted(deployments, key=_uid)
-    uids = [_uid(d) for d in ordered]
-    if len(set(uids)) != len(uids):
-        raise ValueError("ModelDeployment UIDs must be unique")
-    defaults_json = json.dumps(defaults, sort_keys=True, default=repr)
-    out: list[tuple[ModelDeployment, EffectivePolicy | PolicyError]] = []
-    for deployment in ordered:
-        spec = deployment.spec
-        query = _PolicyQuery(
-            defaults_json, spec.swap_policy, spec.kv_cache, spec.gateway, spec, defaults
-        )
-        out.append((deployment, _effective_policy(query)))
-    return out
-
-
-@dataclass(frozen=True)
-class _PolicyQuery:
-    """An `effective_policy` call, compared and hashed by what that function reads: the
-    defaults and the spec's policy sections (if it ever reads more, this must grow)."""
-
-    defaults_json: str
-    swap_policy: SwapPolicy | None
-    kv_cache: KvCachePolicy | None
-    gateway: GatewayPolicy | None
-    spec: ModelDeploymentSpec = field(compare=False, hash=False)
-    defaults: Mapping[str, Any] = field(compare=False, hash=False)
-
-
-@functools.lru_cache(maxsize=8192)
-def _effective_policy(query: _PolicyQuery) -> EffectivePolicy | PolicyError:
-    """`effective_policy`, remembered across calls: it validates the defaults and evaluates
-    the CEL rules every time (about 15 ms on a slow CPU), and a cluster has far fewer
-    distinct policies than models. Remembering a pure function's results keeps `plan` pure."""
-    try:
-        return effective_policy(query.spec.to_dict(), query.defaults)
-    except PolicyError as e:
-        return e
-
-
-def clear_policy_cache() -> None:
-    """Forget remembered effective policies (a benchmark times a first plan this way)."""
-    _effective_policy.cache_clear()
-
-
-def _policy_invalid(uid: str, error: PolicyError) -> Unplaced:
-    first = error.errors[0] if error.errors else None
-    return Unplaced(
-        uid=uid,
-        reason=UnplacedReason.POLICY_INVALID,
-        field=first.path if first else None,
-        message=str(error),
-        policy=None,
-    )
-
-
-def _group(key: PlacementKey, nodes: Sequence[NodeView]) -> _Group | Ineligible:
-    gpus = eligible_gpus(key, nodes)
-    if isinstance(gpus, Ineligible):
-        return gpus
-    points = sorted(
-        {(g.budget_bytes - g.overhead_bytes, g.host_capacity_bytes) for g in gpus}, reverse=True
-    )
-    frontier: list[tuple[int, int]] = []
-    for room, host in points:  # room descending: keep a point only if its host beats all so far
-        if not frontier or host > frontier[-1][1]:
-            frontier.append((room, host))
-    return _Group(gpus=gpus, indices=frozenset(g.index for g in gpus), frontier=tuple(frontier))
-
-
-def _size_problem(demand: Demand, group: _Group) -> Ineligible | None:
-    """Why the model would not fit even an empty eligible GPU, or None when it would."""
-    if any(demand.hbm_bytes <= room and demand.host_bytes <= host for room, host in group.frontier):
-        return None
-    hbm_ok = [g for g in group.gpus if demand.hbm_bytes + g.overhead_bytes <= g.budget_bytes]
-    if not hbm_ok:
-        return _exceeds_gpu_budget(demand, group.gpus)
-    return _exceeds_host_store(demand, hbm_ok)
-
-
-def _exceeds_gpu_budget(demand: Demand, gpus: Sequence[GpuSlot]) -> Ineligible:
-    weights_fit = any(demand.weights_bytes + g.overhead_bytes <= g.budget_bytes for g in gpus)
-    largest = max(gpus, key=lambda g: (g.budget_bytes - g.overhead_bytes, -g.index))
-    return Ineligible(
-        reason=UnplacedReason.EXCEEDS_GPU_BUDGET,
-        field="spec.model.kvCacheBytes" if weights_fit else "spec.model.weightsBytes",
-        message=f"needs {show_bytes(demand.hbm_bytes)} of HBM (weights "
-        f"{show_bytes(demand.weights_bytes)} + KV cache {show_bytes(demand.kv_cache_bytes)}) "
-        f"plus {show_bytes(largest.overhead_bytes)} per-process overhead; the largest budget "
-        f"of the {len(gpus)} eligible GPUs is {show_bytes(largest.budget_bytes)} on {largest} "
-        f"(HBM {show_bytes(largest.hbm_total_bytes)} - reserved "
-        f"{show_bytes(largest.hbm_reserved_bytes)})",
-    )
-
-
-def _exceeds_host_store(demand: Demand, gpus: Sequence[GpuSlot]) -> Ineligible:
-    largest = max(gpus, key=lambda g: (g.host_capacity_bytes, -g.index))
-    capacity = largest.host_capacity_bytes
-    if demand.weights_bytes > capacity:
-        field = "spec.model.weightsBytes"
-    elif demand.weights_bytes + demand.kv_host_bytes > capacity:
-        field = "spec.kvCache.hostBytes"
-    else:
-        field = "spec.swapPolicy.kv"  # the preserved KV cache tips it over
-    return Ineligible(
-        reason=UnplacedReason.EXCEEDS_HOST_STORE,
-        field=field,
-        message=f"needs {show_bytes(demand.host_bytes)} of host store (weights "
-        f"{show_bytes(demand.weights_bytes)} + preserved KV cache "
-        f"{show_bytes(demand.preserved_kv_bytes)} + KV host tier "
-        f"{show_bytes(demand.kv_host_bytes)}); the largest host store of an eligible GPU with "
-        f"room for it in HBM is {show_bytes(capacity)} on {largest}",
-    )
-
-
 def _keep(
     candidates: Sequence[_Candidate],
     assignments: Mapping[str, Assignment],
     nodes: Sequence[NodeView],
-    groups: Mapping[PlacementKey, _Group],
+    groups: Mapping[PlacementKey, Group],
     ledger: Ledger,
 ) -> tuple[dict[str, Placed], list[tuple[_Candidate, _Move | None]]]:
     """Account the models that stay where they are; return them and the models to place."""
@@ -334,7 +199,7 @@ def _must_move(
     source: Assignment,
     nodes: Mapping[str, NodeView],
     gpu: GpuSlot | None,
-    group: _Group,
+    group: Group,
 ) -> _Move | None:
     """Why the model cannot stay on its assigned GPU whatever else is there, or None."""
     node = nodes.get(source.node)
@@ -377,7 +242,7 @@ def _place(
     to_place: list[tuple[_Candidate, _Move | None]],
     fitter: BestFit,
     ledger: Ledger,
-    groups: Mapping[PlacementKey, _Group],
+    groups: Mapping[PlacementKey, Group],
     unplaced: dict[str, Unplaced],
 ) -> dict[str, Placed]:
     """Place new and moving models in placement order; the rest become InsufficientCapacity."""

@@ -14,7 +14,8 @@ from modelswap_api.errors import ModelError
 from modelswap_api.models import HostedModel, ModelSpec
 from modelswap_api.policy import effective_policy
 from modelswap_operator import model_generations
-from modelswap_operator.status import Observed, Verdict, build_status, events_between
+from modelswap_operator.status import Observed, Verdict, build_status
+from modelswap_operator.status_events import events_between
 from modelswap_sidecar.agent.core import instances
 from modelswap_sidecar.agent.core.instances import ROLLOUT_INTERRUPTS, RolloutNote, instance_key
 from modelswap_sidecar.agent.core.records import AgentModel

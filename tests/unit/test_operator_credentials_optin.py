@@ -20,7 +20,8 @@ from modelswap_operator.command import register, settings_from
 from modelswap_operator.desired import credentials_refusal
 from modelswap_operator.errors import SettingsError
 from modelswap_operator.settings import OperatorSettings
-from modelswap_operator.status import Observed, Verdict, build_status, events_between
+from modelswap_operator.status import Observed, Verdict, build_status
+from modelswap_operator.status_events import events_between
 from tests.support.waiting import until_on_loop
 from tests.unit.test_operator_day2_parts import NOW, POLICY, UID, condition
 from tests.unit.test_operator_loop import FakeAgents, FakeKube, deployment, reconciler_over

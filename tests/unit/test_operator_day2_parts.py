@@ -22,7 +22,8 @@ from modelswap_operator.events import EventRecorder
 from modelswap_operator.leadership import LeadershipLost
 from modelswap_operator.runtime import Runtime
 from modelswap_operator.settings import OperatorSettings
-from modelswap_operator.status import Observed, Verdict, build_status, events_between
+from modelswap_operator.status import Observed, Verdict, build_status
+from modelswap_operator.status_events import events_between
 from modelswap_operator.terms import term_above
 
 UID = "2f1c8a52-7d0e-4c1b-9a57-0d1b5c3e9a10"

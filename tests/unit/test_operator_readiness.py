@@ -14,7 +14,7 @@ from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_api.models import HostedModel
 from modelswap_api.policy import effective_policy
 from modelswap_operator.cache import Cache
-from modelswap_operator.reconciler import lost_since
+from modelswap_operator.reading import lost_since
 from modelswap_operator.status import Observed, Verdict, build_status, serves
 
 POLICY = effective_policy(

@@ -17,14 +17,9 @@ from modelswap_api.policy import effective_policy
 from modelswap_operator import desired, routing
 from modelswap_operator.command import register, settings_from
 from modelswap_operator.errors import SettingsError
-from modelswap_operator.reconciler import live_nodes
-from modelswap_operator.status import (
-    Observed,
-    Verdict,
-    build_status,
-    events_between,
-    status_changed,
-)
+from modelswap_operator.reading import live_nodes
+from modelswap_operator.status import Observed, Verdict, build_status
+from modelswap_operator.status_events import events_between, status_changed
 
 SPEC: dict[str, Any] = {
     "model": {"runtime": "triton", "source": {"uri": "/models/mlp"}, "weightsBytes": "32Mi"},

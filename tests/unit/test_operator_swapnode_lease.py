@@ -14,7 +14,8 @@ import pytest
 
 from modelswap_api import kube
 from modelswap_operator.cache import Cache
-from modelswap_operator.reconciler import LEASE_LABEL, Reconciler
+from modelswap_operator.reconciler import Reconciler
+from modelswap_operator.swapnode_keeping import LEASE_LABEL
 from tests.unit.test_operator_loop import FakeAgents, FakeKube, deployment, reconciler_over
 
 START = datetime(2026, 11, 27, 15, 0, tzinfo=UTC).timestamp()
@@ -59,11 +60,11 @@ async def test_a_live_nodes_deleted_swapnode_keeps_its_models() -> None:
 
     for node in ("node-00", "node-01"):
         cache.drop_swapnode(node)  # kubectl delete swapnode; both Leases stay fresh
-    reconciler._last_plan = None  # plan again, not from the memo
+    reconciler.placer.last_plan = None  # plan again, not from the memo
     await reconciler.turn()
     assert {n: s["node"] for n, s in kube_.statuses.items()} == where
     assert all(s["conditions"][1]["reason"] != "NodeLost" for s in kube_.statuses.values())
-    reconciler._sent.clear()  # every set due again: pushed to the agents as before
+    reconciler.pusher._sent.clear()  # every set due again: pushed to the agents as before
     await reconciler.turn()
     assert all(len(agents.agents[n].sets) > pushes[n] for n in pushes)
     assert kube_.swapnode_writes == []  # neither labelled again nor deleted
