@@ -157,7 +157,13 @@ def node(backend: str, workdir: Path, models: list[Any]) -> Iterator[Node]:
         device = "cuda"
     store = HostStore(workdir / "store", {0: STORE_BYTES})
     voucher = RegisteredVoucher()
-    engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(readopt_grace_seconds=1.0),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     with ExitStack() as stack:
         stack.callback(allocator.close)
         stack.callback(engine.close)

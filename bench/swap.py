@@ -362,7 +362,14 @@ def run_size(
     store = HostStore(workdir / f"store-{size}", {0: size})
     voucher = RegisteredVoucher()
     clock = PhaseClock()
-    engine = Engine(allocator, store, voucher, EngineSettings(), checkpoint=clock)
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(),
+        checkpoint=clock,
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     engine.add_model(ModelConfig("bench", 0))
     sock = workdir / f"agent-{size}.sock"
     server = EngineServer(engine, sock)

@@ -68,7 +68,11 @@ class Agent:
         voucher.register(os.getpid(), "m")
         store = HostStore(workdir / "store", {0: 512 * MIB})
         self.engine = Engine(
-            self.allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0)
+            self.allocator,
+            store,
+            voucher,
+            EngineSettings(readopt_grace_seconds=1.0),
+            decider=lambda name: self.engine.swap_in(name),  # noqa: PLW0108 - built by this call
         )
         self.engine.recover()
         self.engine.add_model(ModelConfig("m", 0, KvMode.DISCARD))

@@ -62,7 +62,13 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
     store = HostStore(store_dir / "store", {0: 1024 * MIB})
     voucher = RegisteredVoucher()
     voucher.register(os.getpid(), MODEL)
-    engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(readopt_grace_seconds=1.0),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     engine.recover()
     mode = KvMode(request.param)
     engine.add_model(

@@ -80,7 +80,13 @@ def _node(tmp_path: Path, store_dir: Path) -> Iterator[Node]:
     store = HostStore(store_dir / "store", {0: 4096 * MIB})
     voucher = RegisteredVoucher()
     voucher.register(os.getpid(), MODEL)
-    engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(readopt_grace_seconds=1.0),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     engine.recover()
     engine.add_model(ModelConfig(MODEL, 0, KvMode.DISCARD))
     sock = tmp_path / "agent.sock"

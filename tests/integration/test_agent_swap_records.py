@@ -62,7 +62,13 @@ class World:
             capacities_bytes=[budget_mib * MIB], pool_chunk_bytes=32 * MIB
         )
         store = HostStore(procs.workdir / "store", {0: 256 * MIB})
-        self.engine = Engine(self.allocator, store, self.voucher, EngineSettings())
+        self.engine = Engine(
+            self.allocator,
+            store,
+            self.voucher,
+            EngineSettings(),
+            decider=lambda name: self.actuator.decide_client_swap_in(name),  # noqa: PLW0108 - built below
+        )
         self.socket = procs.workdir / "agent.sock"
         self.server = EngineServer(self.engine, self.socket)
         self.server.start()

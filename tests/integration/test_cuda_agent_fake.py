@@ -177,7 +177,13 @@ def test_client_selects_the_gpu_the_agent_names_by_uuid(
     store = HostStore(tmp_path / "store", {0: 64 * MIB, 1: 64 * MIB})
     voucher = RegisteredVoucher()
     voucher.register(os.getpid(), "m")
-    engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(readopt_grace_seconds=1.0),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     engine.recover()
     engine.add_model(ModelConfig("m", 1, KvMode.DISCARD))
     server = EngineServer(engine, tmp_path / "agent.sock")

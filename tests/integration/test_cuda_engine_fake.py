@@ -36,7 +36,13 @@ def test_engine_swaps_a_model_through_cuda_vmm(
     store = HostStore(tmp_path / "store", {0: 256 * MIB})
     voucher = RegisteredVoucher()
     voucher.register(os.getpid(), "m")
-    engine = Engine(allocator, store, voucher, EngineSettings(readopt_grace_seconds=1.0))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        EngineSettings(readopt_grace_seconds=1.0),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     engine.recover()
     engine.add_model(ModelConfig("m", 0, KvMode.DISCARD))
     server = EngineServer(engine, tmp_path / "agent.sock")

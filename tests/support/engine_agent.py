@@ -209,9 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             int(gpu): float(gbps) * 1e9 for gpu, gbps in (p.split(":") for p in args.pace_gbps)
         },
     )
-    engine = Engine(allocator, store, voucher, settings, pausing_checkpoint(set(args.pause_at)))
+    engine = Engine(
+        allocator,
+        store,
+        voucher,
+        settings,
+        pausing_checkpoint(set(args.pause_at)),
+        decider=lambda name: lru_decider(engine)(name),  # noqa: PLW0108 - engine built here
+    )
     engine.recover()
-    engine.on_client_swap_in(lru_decider(engine))
     kv_tiers: dict[str, tuple[int | None, int]] = {}
     for spec in args.kv_tier:
         name, offload, host = spec.split(":")

@@ -72,9 +72,6 @@ class FakeEngine:
     def subscribe(self, listener: Any) -> None:
         pass
 
-    def on_client_swap_in(self, listener: Any) -> None:
-        self.client_swap_in = listener
-
 
 class FakeLoader:
     def __init__(self) -> None:
@@ -349,7 +346,9 @@ def test_a_client_swap_in_during_a_reload_is_refused_once_it_unloads() -> None:
         reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="one"))
         await until(lambda: actuator.held(model.uid), "the hold")
         # the engine's thread serving the model process's swap-in request
-        asked = asyncio.create_task(asyncio.to_thread(engine.client_swap_in, model.triton_name))
+        asked = asyncio.create_task(
+            asyncio.to_thread(actuator.decide_client_swap_in, model.triton_name)
+        )
         await asyncio.sleep(0.2)
         assert not asked.done() and loader.calls == []  # it waits while the reload drains
         with pytest.raises(NoCapacity, match="Reloading"):
@@ -371,14 +370,14 @@ def test_a_client_swap_in_of_a_model_resident_again_does_not_wait_behind_a_reloa
     once, and so the reload's drain sees it answered (before, its swap-in queued on the
     lock behind the reload, whose unload then waited on it for a minute)."""
     model = model_of("toy")
-    actuator, engine, loader, requests, _directory = node_of(model)
+    actuator, _engine, loader, requests, _directory = node_of(model)
 
     async def scenario() -> None:
         actuator.listen(asyncio.get_running_loop())
         async with actuator.lock_of(model.uid):  # a swap-out under way holds it
             reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="x"))
             await asyncio.sleep(0.05)
-            answered = asyncio.to_thread(engine.client_swap_in, model.triton_name)
+            answered = asyncio.to_thread(actuator.decide_client_swap_in, model.triton_name)
             await asyncio.wait_for(answered, WAIT_SECONDS)  # resident: nothing to wait for
         result = await asyncio.wait_for(reloading, WAIT_SECONDS)
         assert result.outcome == "completed"

@@ -73,9 +73,6 @@ class FakeEngine:
     def subscribe(self, listener: Any) -> None:
         pass
 
-    def on_client_swap_in(self, listener: Any) -> None:
-        self.client_swap_in = listener
-
 
 class FakeLoader:
     """Records Triton's unloads with the model's requests in flight at that moment."""
@@ -220,7 +217,7 @@ def test_a_model_processs_own_swap_in_during_a_removals_drain_is_refused() -> No
         removing = asyncio.create_task(actuator.unload(model))
         await until(lambda: not model.desired, "the removal")
         with pytest.raises(NoCapacity, match="Removed"):
-            await asyncio.to_thread(engine.client_swap_in, model.triton_name)
+            await asyncio.to_thread(actuator.decide_client_swap_in, model.triton_name)
         directory.request_finished(model.uid)  # its client got the refusal
         await asyncio.wait_for(removing, WAIT_SECONDS)
         await actuator.close()

@@ -32,7 +32,13 @@ GPU = "sim-gpu-0"
 def engine(tmp_path: Path) -> Iterator[Engine]:
     allocator = SimAllocator(capacities_bytes=[64 * MIB], pool_chunk_bytes=32 * MIB)
     store = HostStore(tmp_path / "store", {0: 64 * MIB})
-    engine = Engine(allocator, store, RegisteredVoucher(), EngineSettings())
+    engine = Engine(
+        allocator,
+        store,
+        RegisteredVoucher(),
+        EngineSettings(),
+        decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
+    )
     try:
         yield engine
     finally:

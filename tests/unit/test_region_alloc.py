@@ -356,6 +356,7 @@ def sim_agent() -> Iterator[str]:
             HostStore(Path(workdir) / "store", {0: 64 * MIB}),
             voucher,
             EngineSettings(readopt_grace_seconds=1.0),
+            decider=lambda name: engine.swap_in(name),  # noqa: PLW0108 - built by this call
         )
         engine.recover()
         engine.add_model(ModelConfig("m", 0, KvMode.DISCARD))

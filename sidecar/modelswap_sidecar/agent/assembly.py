@@ -5,9 +5,10 @@ exit stack it is built on (`build(settings, stack) -> Agent`); `running.run` sta
       (`ports.kube_access`, `ports.control_tls`): a setting that cannot work ends here
     allocator and GPU inventory (`gpu_setup`: sim | cuda-vmm | auto), each GPU's link
     engine (allocator, host store, Triton stub voucher; local mode's dev loop adds the dev
-      voucher) and its protocol server (threads)
+      voucher; the decider of clients' own swap-ins, which calls the actuator built below)
     Triton driver, source cache and resolver → model loader
     records table → metrics (sampled from it) → actuator (engine, loader, policy, records)
+      → the engine's protocol server (threads), once the decider's actuator exists
     backend (actuator) → control service (backend)
     policy loop (actuator, driver, the service's fencing) and runtime watch (Triton's pid)
 
@@ -44,7 +45,7 @@ from modelswap_sidecar.agent.settings import AgentSettings, PolicyLoopSettings
 from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings
-from modelswap_sidecar.engine.core import Engine, EngineSettings
+from modelswap_sidecar.engine.core import Engine, EngineSettings, SwapInDecider
 from modelswap_sidecar.engine.hoststore import MEMORY_FILESYSTEMS, HostStore, filesystem_of
 from modelswap_sidecar.engine.server import EngineServer
 from modelswap_sidecar.engine.vouching import AnyVoucher, DevModels, DevVoucher, Voucher
@@ -141,7 +142,11 @@ def check_host_store(settings: AgentSettings, backend: str, mountinfo: str | Non
 
 
 def build_engine(
-    settings: AgentSettings, voucher: Voucher, allocator: Allocator, inventory: GpuInventory
+    settings: AgentSettings,
+    voucher: Voucher,
+    allocator: Allocator,
+    inventory: GpuInventory,
+    decider: SwapInDecider,
 ) -> Engine:
     check_host_store(settings, inventory.backend)
     store = HostStore(
@@ -155,7 +160,7 @@ def build_engine(
         overhead_bytes_per_process=settings.overhead_bytes_per_process,
         pace_bytes_per_second=sim_paces(settings, inventory),
     )
-    engine = Engine(allocator, store, voucher, engine_settings)
+    engine = Engine(allocator, store, voucher, engine_settings, decider=decider)
     engine.recover()  # a previous agent's models; their clients readopt within the grace
     return engine
 
@@ -194,11 +199,16 @@ async def build(
         supervisor_state_file=settings.triton.supervisor_state_file,
     )
     dev_models = DevModels(settings.dev_models_file) if settings.dev_models_file else None
-    engine = build_engine(settings, voucher_of(pid_source, dev_models), allocator, inventory)
+
+    def decide_client_swap_in(name: str) -> None:
+        # the actuator is built below, with the engine; the protocol server, the only way
+        # a client's request reaches the engine, starts once both exist
+        actuator.decide_client_swap_in(name)
+
+    engine = build_engine(
+        settings, voucher_of(pid_source, dev_models), allocator, inventory, decide_client_swap_in
+    )
     stack.callback(engine.close)
-    server = EngineServer(engine, settings.socket_path)
-    server.start()
-    stack.callback(server.close)
     repository = ModelRepository(settings.triton.repository)
     repository.create()
     driver = TritonDriver(
@@ -244,8 +254,12 @@ async def build(
         links=links,
         retry_failed_seconds=settings.policy.retry_failed_seconds,
         reload_timeout_seconds=settings.triton.load_timeout_seconds,
+        adopting=True,  # `running` adopts the previous agent's models
     )
     actuator.listen(asyncio.get_running_loop())
+    server = EngineServer(engine, settings.socket_path)
+    server.start()
+    stack.callback(server.close)
     UnresponsiveRuntimes(actuator, TritonVoucher(pid_source).kill).listen()
     stack.push_async_callback(actuator.close)
     sim = inventory.backend == "sim"

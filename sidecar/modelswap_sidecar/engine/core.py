@@ -43,15 +43,24 @@ __all__ = [
     "Engine",
     "EngineSettings",
     "ModelStatus",
+    "SwapInDecider",
     "Unresponsive",
     "as_dict",
     "error_code_of",
 ]
 
 
+#: Decides a client's own swap-in (its `in_use()` on a swapped-out model): it chooses the
+#: victims (or refuses, raising an EngineError the client receives) and calls
+#: `Engine.swap_in`. The agent's is `Actuator.decide_client_swap_in`.
+SwapInDecider = Callable[[str], None]
+
+
 class Engine:
-    """`checkpoint(name)` is called at named points inside operations (see CHECKPOINTS);
-    fault tests pass one that pauses there, so an agent can be killed exactly mid-operation.
+    """`decider` decides every client's own swap-in (`SwapInDecider`): the engine never
+    swaps one in on its own. `checkpoint(name)` is called at named points inside operations
+    (see CHECKPOINTS); fault tests pass one that pauses there, so an agent can be killed
+    exactly mid-operation.
     """
 
     def __init__(
@@ -61,6 +70,8 @@ class Engine:
         voucher: Voucher,
         settings: EngineSettings | None = None,
         checkpoint: Callable[[str], None] = no_checkpoint,
+        *,
+        decider: SwapInDecider,
     ) -> None:
         settings = settings or EngineSettings()
         self.settings = settings
@@ -103,10 +114,9 @@ class Engine:
             heartbeats=self._heartbeats,
             store=store,
             voucher=voucher,
-            swap_in=self._client_swap_in,
+            swap_in=decider,
             pace_bytes_per_second=settings.pace_bytes_per_second,
         )
-        self._decider: Callable[[str], None] | None = None
         self._heartbeats.start()
 
     def close(self) -> None:
@@ -147,12 +157,6 @@ class Engine:
         with self._ledger.allocation_lock(m.config.gpu), m.lock:
             self._swapper.swap_in_locked(m, victims)
 
-    def on_client_swap_in(self, decider: Callable[[str], None]) -> None:
-        """Route a client's own swap-in request (its `in_use()` on a swapped-out model)
-        to `decider(name)`, which decides (victims, or a refusal raised as an EngineError)
-        and calls `swap_in`. Without one, the engine swaps in with no victims."""
-        self._decider = decider
-
     def on_drain_overdue(self, listener: DrainOverdueListener) -> None:
         """Call `listener(name)` (on a timer thread; it must not block) when a swap-out's
         drain has waited `settings.drain_timeout_seconds` for the model's `in_use()` work:
@@ -160,13 +164,6 @@ class Engine:
         waits `settings.drain_end_grace_seconds` more. Without one, the swap-out rolls back
         at the timeout."""
         self._swapper.drain_overdue = listener
-
-    def _client_swap_in(self, name: str) -> None:
-        decider = self._decider
-        if decider is None:
-            self.swap_in(name)
-        else:
-            decider(name)
 
     def on_unresponsive(self, listener: UnresponsiveListener) -> None:
         """Call `listener` (on the heartbeat watcher's thread) with each connected client

@@ -34,7 +34,7 @@ S = EngineState
 
 class ClientProtocol:
     """Serves the clients' requests. A client's own swap-in goes to `swap_in(name)`,
-    which the engine routes to the agent's decider."""
+    the decider the engine was built with (`core.SwapInDecider`)."""
 
     def __init__(
         self,
@@ -76,7 +76,7 @@ class ClientProtocol:
                 return self.attacher.attach(m, inst, message)
             if message.op is Op.COMMIT:
                 return self.attacher.commit(m, inst, message)
-            if message.op is Op.SWAP_IN:  # decided by the agent (`on_client_swap_in`)
+            if message.op is Op.SWAP_IN:  # the engine's decider (the agent's)
                 self.swap_in(m.name)
                 return reply_to(message, m.epoch, {"state": str(m.state)})
             if message.op is Op.READOPT:

@@ -27,6 +27,7 @@ from typing import Any
 
 from modelswap_api.control import ActionResult
 from modelswap_api.models import Link
+from modelswap_sidecar.agent.core import lifecycle
 from modelswap_sidecar.agent.core.isolation import each_record
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
@@ -56,8 +57,11 @@ from modelswap_sidecar.triton.errors import TritonError
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-#: How long a swap-in waits for swap-outs or loads under way before refusing.
+#: How long a swap-in waits for swap-outs or loads under way before refusing (a client's
+#: own swap-in: for the model's adoption and load too).
 ADMISSION_WAIT_SECONDS = 30.0
+#: Reason of a client's swap-in refused because no record holds its model.
+UNKNOWN_TO_AGENT = "UnknownModel"
 #: The longest a waiter sleeps between looks when nothing is signalled (a safety net: every
 #: swap, load and unload signals `changed`).
 _LOOK_AGAIN_SECONDS = 1.0
@@ -113,9 +117,11 @@ class Actuator:
         reload_timeout_seconds: float = 600.0,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
+        adopting: bool = False,
     ) -> None:
         """`records` (by UID) is the table the actuator keeps; the assembly shares it with
-        the metrics' sampler, which is built before the actuator."""
+        the metrics' sampler, which is built before the actuator. `adopting`: a previous
+        agent's models are still to be taken back (`adoption_ended` says when they are)."""
         self.engine = engine
         self.loader = loader
         self.policy = policy
@@ -124,6 +130,8 @@ class Actuator:
         self.clock = clock
         self.wall_clock = wall_clock
         self.records: dict[str, AgentModel] = {} if records is None else records
+        #: adoption has not ended: a client's swap-in of a name no record holds waits
+        self.adopting = adopting
         #: How long a failed load waits before the next try (same generation).
         self.retry_failed_seconds = retry_failed_seconds
         #: How long a dropped model swapped in may wait for the request that loads its
@@ -162,33 +170,65 @@ class Actuator:
 
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Record the engine's swaps on `loop`, and decide its clients' own swap-ins there
-        (call once, from it)."""
+        (`decide_client_swap_in`; call once, from it)."""
         self._loop = loop
         self.engine.subscribe(self._from_engine)
-        self.engine.on_client_swap_in(self._client_swap_in)
 
-    def _client_swap_in(self, name: str) -> None:
-        """On the engine's thread serving a client's own swap-in request (its `in_use()`
-        found the model swapped out): decided as any other swap-in (`swap_in`), on the
-        loop; a refusal is a NoCapacity the client receives. A model this agent does not
-        hold (yet: adoption) swaps in only if it fits, with no victims."""
-        model = next((m for m in self.records.values() if m.triton_name == name), None)
+    def adoption_ended(self) -> None:
+        """The models a previous agent held are taken back (`adoption.adopt`, each held or
+        left out): a client's swap-in of a name held by no record is refused from now on."""
+        self.adopting = False
+        self.notify()
+
+    def decide_client_swap_in(self, name: str) -> None:
+        """The engine's decider (`engine.core.SwapInDecider`), on the engine's thread
+        serving a client's own swap-in request (its `in_use()` found the model swapped
+        out): decided as any other swap-in (`swap_in`, the policy's admission), on the
+        loop. A model still being adopted is waited for (bounded), then admitted; a name
+        this agent does not hold is refused. A refusal is an EngineError the client
+        receives."""
         loop = self._loop
-        if model is None or loop is None or loop.is_closed():
-            self.engine.swap_in(name)
+        if loop is None or loop.is_closed():
+            raise NoCapacity(
+                f"swap-in of model {name!r} refused: the agent is not deciding swap-ins "
+                "(not started yet, or stopping)"
+            )
+        result = asyncio.run_coroutine_threadsafe(self._client_swap_in(name), loop).result()
+        if result.outcome != "refused":
             return
-        result = asyncio.run_coroutine_threadsafe(self._settled_swap_in(model), loop).result()
-        if result.outcome == "refused":
-            raise NoCapacity(f"swap-in of {model.uid} refused: {result.reason}: {result.message}")
+        if result.reason == UNKNOWN_TO_AGENT:
+            raise UnknownModel(result.message)
+        raise NoCapacity(f"swap-in of {result.uid} refused: {result.reason}: {result.message}")
 
-    async def _settled_swap_in(self, model: AgentModel) -> ActionResult:
+    async def _client_swap_in(self, name: str) -> ActionResult:
+        deadline = self.clock() + ADMISSION_WAIT_SECONDS
+        model = await self._record_named(name, deadline)
+        if model is None:
+            return ActionResult(
+                uid=name,
+                outcome="refused",
+                reason=UNKNOWN_TO_AGENT,
+                message=f"swap-in of model {name!r} refused: this agent holds no such model"
+                + (" (its adoption did not end in time)" if self.adopting else ""),
+            )
+        return await self._settled_swap_in(model, deadline)
+
+    async def _record_named(self, name: str, deadline: float) -> AgentModel | None:
+        """The record of engine model `name`; while adoption runs (a previous agent's model
+        not taken back yet) waited for until `deadline`."""
+        while True:
+            model = next((m for m in self.records.values() if m.triton_name == name), None)
+            if model is not None or not self.adopting or self.clock() >= deadline:
+                return model
+            await self.changed(deadline - self.clock())
+
+    async def _settled_swap_in(self, model: AgentModel, deadline: float) -> ActionResult:
         """`swap_in`, once a load under way (an adoption) has finished. A client's own
         swap-in holds a request at Triton (its `in_use()`), so it never waits on the
         model's lock behind a reload, whose unload would wait for that request in turn:
         while a reload is asked or drains it waits here, and goes on at once if the model
         is resident by then (another swap-in brought it back); once the reload unloads the
         model it is refused (the reload's drain has ended the request at the gateway)."""
-        deadline = self.clock() + ADMISSION_WAIT_SECONDS
         while self.clock() < deadline:
             if self.engine_state(model) is EngineState.RESIDENT:
                 return ActionResult(uid=model.uid, outcome="unchanged", reason="AlreadyResident")
@@ -345,9 +385,7 @@ class Actuator:
         return place(node, candidate, self.candidate_gpus(model), now, self.policy.settings)
 
     def start_load(self, model: AgentModel, placement: Placement) -> None:
-        model.gpu = self.ordinal_of(placement.gpu)
-        model.serving = Serving.LOADING
-        model.reason, model.message = "Loading", placement.message
+        lifecycle.place(model, self.ordinal_of(placement.gpu), placement.message)
         self.spawn(self._load(model, placement.victims), f"load-{model.uid}")
 
     async def _load(self, model: AgentModel, victims: tuple[SwapOut, ...]) -> None:
@@ -358,11 +396,11 @@ class Actuator:
                     # The room this load counted on is still taken: loading now would
                     # over-commit the GPU and fail (LoadFailed until the retry). The model
                     # waits for the next placement, which weighs the victims again.
-                    model.serving = Serving.DEFERRED
-                    model.reason = "WaitingForRoom"
-                    model.message = (
+                    lifecycle.defer(
+                        model,
+                        "WaitingForRoom",
                         f"{victim.uid} did not give up its room ({result.reason}"
-                        f"{': ' + result.message if result.message else ''}); placed again next"
+                        f"{': ' + result.message if result.message else ''}); placed again next",
                     )
                     log.info("model %s waits: %s", model.uid, model.message)
                     self.notify()
@@ -381,11 +419,9 @@ class Actuator:
             await self.loader.load(model)
         except LoadError as e:
             log.warning("model %s (%s): %s", model.uid, model.entry.name, e.message)
-            model.fail(e.reason, e.message, self.clock())
+            lifecycle.fail(model, e.reason, e.message, self.clock())
             return
-        model.serving = Serving.LOADED
-        model.reason, model.message = model.loaded_reason()
-        model.resident_since_seconds = self.clock()
+        lifecycle.loaded(model, self.clock())
         if self.metrics is not None:
             self.metrics.observe_load(labels_of(model), self.clock() - started)
         log.info(
@@ -427,8 +463,7 @@ class Actuator:
             self._placing = None  # the load claims HBM: the next placement sees it
             self.start_load(model, decision)
         else:
-            model.serving = Serving.DEFERRED
-            model.reason, model.message = decision.reason, decision.message
+            lifecycle.defer(model, decision.reason, decision.message)
 
     # -- swaps -------------------------------------------------------------------------------
 
@@ -458,7 +493,7 @@ class Actuator:
             try:
                 await self._drain(model, DROP)
                 await self.loader.unload(model, release_source=False)
-                model.serving = Serving.DROPPED
+                lifecycle.dropped(model)
             finally:
                 self._held_swap_outs.discard(model.uid)
             self._record_swap(
@@ -559,9 +594,9 @@ class Actuator:
                 await self.swap_out_uid(victim.uid, reason=str(victim.reason))
         if model.serving is Serving.DROPPED:  # a reload, not the engine's swap: recorded here
             started = self.clock()
-            model.serving = Serving.LOADING
+            lifecycle.reloading_dropped(model)
             await self._load_locked(model)
-            if model.serving is not Serving.LOADED:
+            if not lifecycle.is_loaded(model):  # the load may have failed
                 return ActionResult(
                     uid=model.uid, outcome="refused", reason=model.reason, message=model.message
                 )
@@ -592,7 +627,7 @@ class Actuator:
             if model.serving is Serving.LOADED:
                 await self._drain(model, REMOVAL)
             if model.serving in (Serving.LOADED, Serving.LOADING, Serving.DROPPED):
-                model.serving = Serving.UNLOADING
+                lifecycle.unloading(model)
                 started = self.clock()
                 await self.loader.unload(model)
                 if self.metrics is not None:
@@ -600,10 +635,7 @@ class Actuator:
             elif model.resolved is not None:
                 self.loader.resolver.release(model.resolved)
                 model.resolved = None
-            model.serving = Serving.UNLOADED
-            model.reason = "Unloaded"
-            model.message = "missing from the desired set; host-store bytes kept"
-            model.resident_since_seconds = None
+            lifecycle.unloaded(model)
         self.notify()
 
     async def forget(self, model: AgentModel) -> None:
@@ -904,7 +936,5 @@ class Actuator:
 
     def _mark_for_reload(self, model: AgentModel, reason: str, message: str) -> int:
         """Pending again (not charged to any GPU): the policy loop places and loads it."""
-        model.serving = Serving.PENDING
-        model.reason, model.message = reason, f"{message}; loading it again from the host store"
-        model.resident_since_seconds = None
+        lifecycle.load_again(model, reason, message)
         return 1

@@ -16,13 +16,16 @@ from collections.abc import Callable, Sequence
 
 from modelswap_api.control import DesiredEntry
 from modelswap_api.policy import EffectivePolicy
+from modelswap_sidecar.agent.core import lifecycle
 from modelswap_sidecar.agent.core.actuator import Actuator
+from modelswap_sidecar.agent.core.instances import instance_key
 from modelswap_sidecar.agent.core.loops import RuntimeWatch
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.engine.errors import UnknownModel
 from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.triton.driver import TritonDriver
 from modelswap_sidecar.triton.errors import TritonError
+from modelswap_sidecar.triton.naming import triton_model_name
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,22 @@ async def adopt(
 ) -> int:
     """The number of models adopted with their clients. `saved_entries` reads the desired
     file when Triton is first ready (an operator's push may have rewritten it by then);
-    `policy_of` is the entry's effective policy (raises for one this agent cannot hold)."""
+    `policy_of` is the entry's effective policy (raises for one this agent cannot hold).
+    However it ends, the actuator is told (`Actuator.adoption_ended`): a client's swap-in
+    of a name no record holds waits for that, then is refused."""
+    try:
+        return await _adopt(actuator, driver, watch, saved_entries, policy_of)
+    finally:
+        actuator.adoption_ended()
+
+
+async def _adopt(
+    actuator: Actuator,
+    driver: TritonDriver,
+    watch: RuntimeWatch,
+    saved_entries: Callable[[], Sequence[DesiredEntry]],
+    policy_of: Callable[[DesiredEntry], EffectivePolicy],
+) -> int:
     await watch.first_ready.wait()
     try:
         index = await driver.repository_index()
@@ -53,11 +71,13 @@ async def adopt(
     pushed_first = {m.deployment_uid: m for m in actuator.records.values() if not m.superseded}
     for entry in saved_entries():
         try:  # a saved entry this agent cannot hold (an older agent took it) stays out
-            model = AgentModel(entry=entry, policy=policy_of(entry))
+            policy = policy_of(entry)
+            key = instance_key(entry.uid, entry.model_generation)
+            name = triton_model_name(key)
         except Exception as e:
             log.warning("not adopting %s: %s", entry.uid, e)
             continue
-        if model.uid in actuator.records:
+        if key in actuator.records:
             continue  # the operator pushed it first
         # Several instances of a uid were saved mid-rollout, the older ones first: each
         # earlier one (and any beside an instance the operator pushed first) serves on as
@@ -65,31 +85,31 @@ async def adopt(
         for held in actuator.records.values():
             if held.deployment_uid == entry.uid:
                 held.superseded = held.superseded or pushed_first.get(entry.uid) is not held
-        model.superseded = entry.uid in pushed_first
+        superseded = entry.uid in pushed_first
         try:
-            model.gpu = engine.gpu_of(model.triton_name)
+            gpu: int | None = engine.gpu_of(name)
         except UnknownModel:
-            model.gpu = None
-        served = index.get(model.triton_name)
-        readopts = served is not None and served.state == "READY" and model.gpu is not None
-        if model.superseded and not readopts:
-            log.info("not taking back %s: replaced, and Triton no longer serves it", model.uid)
+            gpu = None
+        served = index.get(name)
+        readopts = served is not None and served.state == "READY" and gpu is not None
+        if superseded and not readopts:
+            log.info("not taking back %s: replaced, and Triton no longer serves it", key)
             continue
+        model = lifecycle.hold(actuator.records, entry, policy)  # keyed by instance
+        model.superseded, model.gpu = superseded, gpu
         if readopts:
-            model.serving = Serving.LOADING
-            model.reason, model.message = "Adopting", "waiting for its clients to readopt"
+            lifecycle.adopting(model)
             adopted.append(model)
-        actuator.records[model.uid] = model  # keyed by instance (`instances`)
     if adopted:
         log.info("adopting %d model(s) held before this agent started", len(adopted))
     deadline = time.monotonic() + engine.readopt_grace_seconds + 5.0
     waiting = list(adopted)
     while waiting:
         for model in list(waiting):
-            if _instances(actuator, model) > 0:
-                model.serving = Serving.LOADED
-                model.resident_since_seconds = time.monotonic()
-                model.reason, model.message = "Adopted", ""
+            if model.serving is not Serving.LOADING:  # unloaded meanwhile: not ours to move
+                waiting.remove(model)
+            elif _instances(actuator, model) > 0:
+                lifecycle.adopted(model, time.monotonic())
                 waiting.remove(model)
                 actuator.notify()
         if not waiting or time.monotonic() > deadline:
@@ -97,7 +117,7 @@ async def adopt(
         await asyncio.sleep(_LOOK_SECONDS)
     for model in waiting:  # no client came back: load it again (restored from the store)
         log.warning("model %s: no client readopted it; loading it again", model.uid)
-        model.serving = Serving.PENDING
+        lifecycle.pending(model)
     actuator.notify()
     return len(adopted) - len(waiting)
 

@@ -2,9 +2,10 @@
 placed, and where it stands in the runtime.
 
 `serving` is the agent's own view (`model_states.Serving`: is the model loaded in Triton,
-or why not); the engine keeps the memory states (`EngineState`). A model that cannot attach
-to the client library (a non-python backend) is served with `onSwapOut: drop` semantics:
-swap-out unloads it from Triton and swap-in loads it again from its source.
+or why not), moved only by `lifecycle`; the engine keeps the memory states
+(`EngineState`). A model that cannot attach to the client library (a non-python backend)
+is served with `onSwapOut: drop` semantics: swap-out unloads it from Triton and swap-in
+loads it again from its source.
 """
 
 from __future__ import annotations
@@ -148,9 +149,3 @@ class AgentModel:
             "onSwapOut: drop semantics (swap-out unloads it, swap-in reloads it from "
             "spec.model.source)"
         )
-
-    def fail(self, reason: str, message: str, now_seconds: float) -> None:
-        self.serving = Serving.FAILED
-        self.reason, self.message = reason, message
-        self.failed_at_seconds = now_seconds
-        self.failed_generation = self.entry.generation

@@ -32,7 +32,7 @@ from modelswap_api.control import (
 from modelswap_api.errors import PolicyError
 from modelswap_api.models import EffectivePolicyStatus, Link
 from modelswap_api.policy import EffectivePolicy
-from modelswap_sidecar.agent.core import instances
+from modelswap_sidecar.agent.core import instances, lifecycle
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.instances import instance_key
 from modelswap_sidecar.agent.core.isolation import FAULT_REASON, fault_message, note_fault
@@ -166,7 +166,7 @@ class AgentBackend:
         model = self.records.get(key)
         if model is None:
             older = self.instances_of(entry.uid)
-            model = self.records[key] = AgentModel(entry=entry, policy=policy)
+            model = lifecycle.hold(self.records, entry, policy)
             if older:
                 return await self._roll_out(model, older)
             return self._place_new(model)
@@ -174,7 +174,7 @@ class AgentBackend:
             others = [m for m in self.instances_of(entry.uid) if m is not model]
             if not answers(model):  # it serves nothing: taken as a new instance
                 await self.actuator.forget(model)
-                model = self.records[key] = AgentModel(entry=entry, policy=policy)
+                model = lifecycle.hold(self.records, entry, policy)
                 return await self._roll_out(model, others) if others else self._place_new(model)
             model.superseded = False
             for other in others:
@@ -324,8 +324,7 @@ class AgentBackend:
         if isinstance(decision, Placement):
             self.actuator.start_load(model, decision)
             return _result(model.deployment_uid, "applied", "Loading", decision.message)
-        model.serving = Serving.DEFERRED
-        model.reason, model.message = decision.reason, decision.message
+        lifecycle.defer(model, decision.reason, decision.message)
         return _result(model.deployment_uid, "deferred", decision.reason, decision.message)
 
     async def _update(
@@ -345,7 +344,7 @@ class AgentBackend:
                 log.warning("model %s: engine refused the new policy: %s", model.uid, e)
         if not model.desired or model.serving is Serving.UNLOADED:
             model.desired = True
-            model.serving = Serving.PENDING
+            lifecycle.pending(model)
             return self._place_new(model)
         if model.serving is Serving.FAILED:
             if model.failed_generation != entry.generation:
