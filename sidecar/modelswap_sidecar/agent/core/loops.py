@@ -110,11 +110,8 @@ class PolicyLoop:
             if model is None or last is None or self._last_inference.get(uid) == last:
                 continue
             self._last_inference[uid] = last
-            previous = model.last_request_wall_seconds
-            if previous is not None and previous >= last:
-                continue  # the gateway saw a later request or answer: a mark never goes back
-            model.last_request_wall_seconds = last
-            model.last_request_seconds = now - max(wall - last, 0.0)
+            # the gateway may have seen a later request or answer: a mark never goes back
+            model.request_arrived(last, now_seconds=now, wall_now_seconds=wall)
 
 
 class RuntimeWatch:

@@ -134,6 +134,21 @@ class AgentModel:
         attaches as it, and comes and goes as that process does."""
         return self.runtime_backend == DEV_RUNTIME
 
+    def request_arrived(
+        self, at_wall_seconds: float, *, now_seconds: float, wall_now_seconds: float
+    ) -> bool:
+        """A request to the model was seen at `at_wall_seconds` (wall clock: the gateway's
+        mark, or Triton's `last_inference`): the last-request marks move to it, never
+        back (the gateway and Triton's statistics both tell; the later one wins). Its
+        monotonic mark is `now_seconds` less how long ago that was. False: an earlier
+        mark, nothing moved."""
+        previous = self.last_request_wall_seconds
+        if previous is not None and previous >= at_wall_seconds:
+            return False
+        self.last_request_wall_seconds = at_wall_seconds
+        self.last_request_seconds = now_seconds - max(wall_now_seconds - at_wall_seconds, 0.0)
+        return True
+
     def loaded_reason(self) -> tuple[str, str]:
         """(reason, message) once the runtime serves the model: a runtime that cannot
         attach is reported as such, since swaps reload it from its source."""

@@ -254,12 +254,9 @@ class AgentDirectory:
         model = self.actuator.records.get(uid)
         if model is None:
             return
-        previous = model.last_request_wall_seconds
-        if previous is not None and previous >= at_seconds:
-            return
-        now, wall = self.clock(), self.wall_clock()
-        model.last_request_wall_seconds = at_seconds
-        model.last_request_seconds = now - max(wall - at_seconds, 0.0)
+        model.request_arrived(
+            at_seconds, now_seconds=self.clock(), wall_now_seconds=self.wall_clock()
+        )
 
     def request_started(self, uid: str) -> None:
         model = self.actuator.records.get(uid)
