@@ -75,21 +75,23 @@ class Placing:
 
     async def _load(self, model: AgentModel, victims: tuple[SwapOut, ...]) -> None:
         async with self.w.lock_of(model.uid):
-            for victim in victims:
-                result = await self.swapping.swap_out_uid(victim.uid, reason=str(victim.reason))
-                if result.outcome == "refused":
-                    # The room this load counted on is still taken: loading now would
-                    # over-commit the GPU and fail (LoadFailed until the retry). The model
-                    # waits for the next placement, which weighs the victims again.
-                    lifecycle.defer(
-                        model,
-                        "WaitingForRoom",
-                        f"{victim.uid} did not give up its room ({result.reason}"
-                        f"{': ' + result.message if result.message else ''}); placed again next",
-                    )
-                    log.info("model %s waits: %s", model.uid, model.message)
-                    self.w.notify()
-                    return
+            _, refused = await self.swapping.make_room(
+                victims, engine_swap_in=False, stop_at_refusal=True
+            )
+            if refused is not None:
+                # The room this load counted on is still taken: loading now would
+                # over-commit the GPU and fail (LoadFailed until the retry). The model
+                # waits for the next placement, which weighs the victims again.
+                victim, result = refused
+                lifecycle.defer(
+                    model,
+                    "WaitingForRoom",
+                    f"{victim.uid} did not give up its room ({result.reason}"
+                    f"{': ' + result.message if result.message else ''}); placed again next",
+                )
+                log.info("model %s waits: %s", model.uid, model.message)
+                self.w.notify()
+                return
             await self.w.load_locked(model)
 
     def reconcile(self, *, fenced: bool = False, order: Sequence[AgentModel] = ()) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from modelswap_api.control import ActionResult
 from modelswap_sidecar.agent.core import lifecycle
@@ -29,7 +30,7 @@ from modelswap_sidecar.engine.errors import EngineError, NoCapacity, UnknownMode
 from modelswap_sidecar.engine.events import SwapEvent, SwapKind
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
-from modelswap_sidecar.policy.decisions import AdmissionOutcome
+from modelswap_sidecar.policy.decisions import AdmissionOutcome, SwapOut
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,29 @@ class Swapping:
         log.info("model %s swapped out (%s, idle %.1f s)", model.uid, reason, idle)
         return ActionResult(uid=model.uid, outcome="completed", reason="SwappedOut")
 
+    async def make_room(
+        self, victims: Sequence[SwapOut], *, engine_swap_in: bool, stop_at_refusal: bool = False
+    ) -> tuple[list[str], tuple[SwapOut, ActionResult] | None]:
+        """Carry out the victims of a swap-in or a load, whatever their `onSwapOut`: every
+        victim the agent chose goes through here. With `engine_swap_in` (the swap-in is
+        the engine's own, of a model it holds) a victim the engine holds is returned, to
+        be handed to `engine.swap_in(victims=…)`, which swaps it out under the GPU's
+        allocation lock right before it allocates; every other victim (one that unloads
+        from Triton, a runtime that cannot attach; each victim of a load or of a dropped
+        model's reload) is swapped out here, now (`swap_out_uid`). A refused swap-out is
+        returned too, and with `stop_at_refusal` (a load counts on all of its room) ends
+        the list there."""
+        handed: list[str] = []
+        for victim in victims:
+            held = self.w.records.get(victim.uid)
+            if engine_swap_in and held is not None and not held.drops:
+                handed.append(held.triton_name)
+                continue
+            result = await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+            if stop_at_refusal and result.outcome == "refused":
+                return handed, (victim, result)
+        return handed, None
+
     async def swap_in(self, model: AgentModel, *, refused_by_reload: bool = False) -> ActionResult:
         """Admit (the policy's victims, or wait while bytes are under way) and swap in.
 
@@ -278,15 +302,9 @@ class Swapping:
                 reason=admission.reason,
                 message=admission.message,
             )
-        # Victims the engine swaps out (under the GPU's allocation lock, right before it
-        # allocates) are handed to it; the others (a drop's unload) go first, here.
-        handed: list[str] = []
-        for victim in admission.victims:
-            held = self.w.records.get(victim.uid)
-            if held is not None and model.serving is Serving.LOADED and not held.drops:
-                handed.append(held.triton_name)
-            else:
-                await self.swap_out_uid(victim.uid, reason=str(victim.reason))
+        handed, _refused = await self.make_room(
+            admission.victims, engine_swap_in=model.serving is Serving.LOADED
+        )
         if model.serving is Serving.DROPPED:  # a reload, not the engine's swap: recorded here
             started = self.w.clock()
             lifecycle.reloading_dropped(model)

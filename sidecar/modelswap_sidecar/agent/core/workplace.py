@@ -163,22 +163,27 @@ class Workplace:
         )
 
     def instances(self, model: AgentModel) -> int:
+        """Live instances of the model the engine counts (0: none, or not in the engine)."""
         try:
             return self.engine.status(model.triton_name).instances
         except UnknownModel:
             return 0
 
     def engine_reason(self, model: AgentModel) -> str:
+        """The engine's reason for the model's state ("": not in the engine)."""
         try:
             return self.engine.status(model.triton_name).reason
         except UnknownModel:
             return ""
 
     def idle_seconds(self, model: AgentModel) -> float:
+        """Seconds since its last request or since it became resident, the later."""
         marks = [t for t in (model.last_request_seconds, model.resident_since_seconds) if t]
         return max(self.clock() - max(marks), 0.0) if marks else 0.0
 
     async def load_locked(self, model: AgentModel) -> None:
+        """One load through the loader, the model's lock held by the caller (a placed load,
+        a dropped model's swap-in): loaded or failed (`lifecycle`), then waiters told."""
         try:
             await self._load_unnotified(model)
         finally:
