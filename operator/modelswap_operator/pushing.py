@@ -82,9 +82,10 @@ class Pusher:
         """The last set pushed to `node` and how it went (None: none yet)."""
         return self._sent.get(node)
 
-    def refusal(self, uid: str, generation: int) -> tuple[str, str] | None:
-        """(field, message) of an agent's refusal of this entry generation, if any."""
-        return self._refused.get((uid, generation))
+    @property
+    def refusals(self) -> Mapping[tuple[str, int], tuple[str, str]]:
+        """(field, message) of each entry generation an agent refused."""
+        return self._refused
 
     def keep(self, uids: Collection[str]) -> None:
         """Forget the refusals of models no longer known."""

@@ -95,8 +95,8 @@ class Reconciler:
         self.pusher = Pusher(agents=agents, tokens=tokens, metrics=metrics, term=term,
                              confirm_leading=confirm_leading)  # fmt: skip
         self.statuses = StatusWriter(io=io, events=events, metrics=metrics)
-        self.entries = EntryBuilder(io, status_of=self.statuses.latest,
-                                    refusal_of=self.pusher.refusal)  # fmt: skip
+        self.entries = EntryBuilder(io, statuses_written=lambda: self.statuses.written,
+                                    refusals=lambda: self.pusher.refusals)  # fmt: skip
         self.routes = Routes(self.router)
         self.releaser = Releaser(agents=agents, tokens=tokens, pusher=self.pusher,
                                  placer=self.placer, routes=self.routes)  # fmt: skip

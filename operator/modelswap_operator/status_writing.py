@@ -32,6 +32,11 @@ class StatusWriter:
         #: Per uid: the inputs of the status last built and the status then in effect.
         self._inputs: dict[str, tuple[Any, Mapping[str, Any] | None]] = {}
 
+    @property
+    def written(self) -> Mapping[str, Mapping[str, Any]]:
+        """The status this process last wrote, by uid."""
+        return self._statuses
+
     def latest(self, uid: str, body: Body | None) -> Mapping[str, Any] | None:
         """The status in effect: the one last written, else the body's."""
         return self._statuses.get(uid) or (body or {}).get("status")

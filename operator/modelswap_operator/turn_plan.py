@@ -9,13 +9,15 @@ recorded:
 
 1. `plan_swapnodes`: the Lease label each SwapNode should carry, and which lost ones to
    delete (`swapnode_keeping` carries it out);
-2. placements: `planner.plan_views` (`placing`), then each node's desired set
-   (`entry_building`); `plan_pushes`: which sets are due (`pushing`);
-3. `plan_releases`: which nodes to ask to forget which deleted or orphaned models
+2. placements: `planner.plan_views` (`placing`), then `entry_plan.plan_entries`: each
+   live node's desired set, from the credentials Secrets `entry_plan.secrets_wanted`
+   names (`entry_building` reads them);
+3. `plan_pushes`: which sets are due (`pushing`);
+4. `plan_releases`: which nodes to ask to forget which deleted or orphaned models
    (`releasing`);
-4. `plan_routes`: which Services and EndpointSlices to ensure or remove
+5. `plan_routes`: which Services and EndpointSlices to ensure or remove
    (`route_keeping`);
-5. `plan_statuses`: each status patch, with its Events (`status_writing`).
+6. `plan_statuses`: each status patch, with its Events (`status_writing`).
 Equal inputs give equal plans; a stage planned again over the memo its executor recorded
 plans nothing more (no repeated push, label or status write)."""
 
@@ -107,7 +109,7 @@ def plan_swapnodes(
     return SwapNodePlan(tuple(actions), since_memo, labels_memo)
 
 
-# -- 2. pushes ---------------------------------------------------------------------------------
+# -- 3. pushes ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def plan_pushes(
     }
 
 
-# -- 3. releases -------------------------------------------------------------------------------
+# -- 4. releases -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def plan_releases(
     return tuple(releases)
 
 
-# -- 4. routes ---------------------------------------------------------------------------------
+# -- 5. routes ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ def plan_routes(
     return RoutePlan(tuple(already), tuple(ensure), tuple(unroute), problems)
 
 
-# -- 5. statuses -------------------------------------------------------------------------------
+# -- 6. statuses -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ label, route or status write."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,9 +23,11 @@ from hypothesis import strategies as st
 
 from modelswap_api.control import DesiredEntry, EntryResult
 from modelswap_api.defaults import BUILTIN_DEFAULTS
-from modelswap_api.models import HostedModel, ModelDeploymentSpec
+from modelswap_api.models import HostedModel, ModelDeployment, ModelDeploymentSpec
 from modelswap_api.policy import effective_policy
 from modelswap_operator.cache import Snapshot
+from modelswap_operator.entry_plan import plan_entries, secrets_wanted
+from modelswap_operator.errors import CredentialsNotPermitted
 from modelswap_operator.observing import observe_all
 from modelswap_operator.planning.results import Assignment
 from modelswap_operator.reading import live_nodes, lost_since
@@ -57,7 +61,7 @@ INTERVAL_SECONDS = 30.0
 STAMP = "2026-11-27T15:00:00Z"
 SPEC = {"model": {"runtime": "triton", "source": {"uri": "/models/mlp"}, "weightsBytes": "1Gi"}}
 POLICY = effective_policy(SPEC, BUILTIN_DEFAULTS)
-UIDS = [f"u{i}" for i in range(5)]
+UIDS = [f"00000000-0000-4000-8000-{i:012d}" for i in range(5)]
 ORPHANS = ["orphan-a", "orphan-b"]
 
 
@@ -99,7 +103,7 @@ def worlds(draw: st.DrawFn) -> World:
         if draw(st.booleans()):
             status["gatewayEndpoint"] = f"http://10.0.0.{i}:8080"
         swapnodes[name] = {"metadata": metadata, "status": status}
-        age = draw(st.sampled_from([None, 0.0, 60.0, 200.0, 500.0, 689.0, 690.0, 1000.0]))
+        age = draw(st.sampled_from([0.0, 0.0, 60.0, None, 200.0, 500.0, 689.0, 690.0, 1000.0]))
         if age is not None:
             leases[name] = {"metadata": {"name": name}, "spec": {"renewTime": renewed(now - age)}}
         if draw(st.integers(0, 5)) == 0:
@@ -304,3 +308,76 @@ def test_statuses_only_for_known_models_and_not_written_twice(
     built = dict(first.unchanged) | {p.uid: (p.inputs, p.status) for p in first.writes}
     again = plan(written, built)
     assert again.writes == () and not again.unchanged
+
+
+def model(uid: str, body: Mapping[str, Any], secret_ref: bool) -> ModelDeployment:
+    spec = dict(SPEC, model=dict(SPEC["model"]))
+    if secret_ref:
+        spec["model"]["source"] = {"uri": "https://models.example/m.tar.gz",
+                                   "credentialsSecretRef": {"name": f"hub-{uid[-1]}"}}  # fmt: skip
+    return ModelDeployment.from_dict({**body, "spec": spec})
+
+
+SECRETS: list[Any] = [
+    {"data": {"authorization": base64.b64encode(b"Bearer t").decode()}},
+    None,  # deleted
+    {"data": {}},  # without its key
+    CredentialsNotPermitted("namespace ns did not opt in"),
+]
+
+
+@CASES
+@given(worlds(), st.data())
+def test_entries_go_to_their_placed_node_once_and_never_a_refused_generation(
+    world: World, data: st.DataObject
+) -> None:
+    active = [  # every other model names a credentials Secret
+        model(uid, body, secret_ref=int(uid[-1]) % 2 == 0)
+        for uid, body in world.snap.deployments.items()
+        if not body["metadata"].get("deletionTimestamp")
+    ]
+    nodes = st.sampled_from([*sorted(world.live), None])
+    verdicts = {}  # placed on live nodes only, as the planner does
+    for deployment in active:
+        node = data.draw(nodes)
+        verdicts[str(deployment.metadata["uid"])] = Verdict(
+            node=node, gpu="g0" if node else None, policy=POLICY, reason="Placed"
+        )
+    wanted = secrets_wanted(active, verdicts)
+    assert len(wanted) == len(set(wanted))
+    secrets = {key: data.draw(st.sampled_from(SECRETS)) for key in wanted}
+    refusals = {
+        (uid, 1): ("spec.model", "refused")
+        for uid in data.draw(st.frozensets(st.sampled_from(UIDS)))
+    }
+
+    def plan(sent: Mapping[str, tuple[str, int]]) -> Any:
+        return plan_entries(world.live, active, verdicts, world.reports, world.snap.deployments,
+                            secrets=secrets, written={}, model_generations_sent=sent,
+                            refusals=refusals)  # fmt: skip
+
+    first = plan({})
+    assert first == plan({})
+    assert set(first.by_node) == world.live
+    sent = [e.uid for entries in first.by_node.values() for e in entries]
+    assert len(sent) == len(set(sent))
+    by_uid = {str(m.metadata["uid"]): m for m in active}
+    for node, entries in first.by_node.items():
+        for e in entries:
+            assert verdicts[e.uid].node == node and (e.uid, e.generation) not in refusals
+            reference = by_uid[e.uid].spec.model.source.credentials_secret_ref
+            if reference is None:
+                continue
+            usable = secrets[("ns", reference.name)] is SECRETS[0]
+            assert (e.credentials is not None) == usable
+            if not usable:  # sent without credentials only while its node holds it
+                assert e.uid in world.reports[node]
+                assert first.verdicts[e.uid].source_problem
+    for uid, verdict in verdicts.items():
+        if verdict.node is None:
+            assert uid not in sent and uid not in first.verdicts
+        elif uid not in sent:  # left out: its verdict says why
+            changed = first.verdicts[uid]
+            assert changed.problem_field and (changed.node, changed.gpu) == (verdict.node, "g0")
+    # the model generations recorded: planned again, the very same sets
+    assert plan(first.model_generations).by_node == first.by_node
