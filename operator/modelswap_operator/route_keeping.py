@@ -31,9 +31,6 @@ class Routes:
         #: cost more than the rest of the routing).
         self._keys: dict[str, tuple[Any, ...]] = {}
 
-    def is_routed(self, uid: str) -> bool:
-        return uid in self._routed
-
     async def unroute(self, uid: str, body: Body) -> None:
         self._routed.pop(uid, None)
         self._keys.pop(uid, None)
