@@ -22,7 +22,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 from modelswap_api.defaults import check_defaults
 from modelswap_operator import command as operator_command
 from modelswap_sidecar.agent import command as agent_command
-from modelswap_sidecar.agent.settings import load_settings
+from modelswap_sidecar.agent.settings.document import load_settings
 from modelswap_sidecar.supervisor import command as node_command
 from tests.support.dashboard import dashboard_metrics
 

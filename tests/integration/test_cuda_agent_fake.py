@@ -31,7 +31,8 @@ from modelswap_client.client import RegionSpec, attach
 from modelswap_sidecar.agent.assembly import build
 from modelswap_sidecar.agent.gpu_setup import measure_links
 from modelswap_sidecar.agent.ports.node_report import NodeReporter
-from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.allocators.cuda_vmm import CudaVmmAllocator
 from modelswap_sidecar.engine.core import Engine, EngineSettings
 from modelswap_sidecar.engine.hoststore import HostStore

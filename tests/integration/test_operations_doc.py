@@ -41,7 +41,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from modelswap_sidecar.agent.settings import load_settings
+from modelswap_sidecar.agent.settings.document import load_settings
 from modelswap_sidecar.supervisor.restarts import RestartPolicy
 from tests.support.agent_harness import Node, node
 from tests.support.chart_world import helm_env

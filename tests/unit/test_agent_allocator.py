@@ -10,7 +10,8 @@ import pytest
 
 from modelswap_sidecar.agent.errors import SettingsError, StartupError
 from modelswap_sidecar.agent.gpu_setup import build_allocator
-from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.allocators.sim import SimAllocator
 from modelswap_sidecar.local.rundir import RunDir
 from modelswap_sidecar.local.settings import LocalSettings, agent_document

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.gpu.sim_link import round_gbps
 from tests.support.agent_documents import settings_document as document
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from tests.support.agent_documents import settings_document
 
 TRITON = {"url": "127.0.0.1:8000", "repository": "/tmp/repo"}

@@ -15,7 +15,8 @@ from modelswap_sidecar.agent.assembly import sim_paces
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.gpu_setup import measure_links
 from modelswap_sidecar.agent.ports.cluster_heartbeat import link_speeds
-from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.gpu.inventory import GpuInventory, NodeGpu
 from modelswap_sidecar.local.command import settings_from_args
 from modelswap_sidecar.local.errors import LocalModeError

@@ -17,7 +17,7 @@ from modelswap_sidecar.agent.core.placement import Deferral, Placement, place
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.core.views import GpuBudget, model_view, node_view
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import load_settings, settings_from_document
+from modelswap_sidecar.agent.settings.document import load_settings, settings_from_document
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.policy.inputs import PolicySettings, Residency

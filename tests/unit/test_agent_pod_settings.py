@@ -13,7 +13,7 @@ import yaml
 
 from modelswap_sidecar.agent import command
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import load_settings, settings_from_document
+from modelswap_sidecar.agent.settings.document import load_settings, settings_from_document
 from tests.support.agent_documents import settings_document
 
 

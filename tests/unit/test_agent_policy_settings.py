@@ -9,7 +9,7 @@ import pytest
 
 from modelswap_sidecar.agent.assembly import policy_settings
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from tests.support.agent_documents import settings_document
 
 

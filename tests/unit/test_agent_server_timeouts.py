@@ -14,7 +14,8 @@ import pytest
 from modelswap_sidecar.agent.assembly import build
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.running import gateway_settings
-from modelswap_sidecar.agent.settings import AgentSettings, settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
+from modelswap_sidecar.agent.settings.values import AgentSettings
 
 
 def agent_settings(tmp_path: Path, **extra: Any) -> AgentSettings:

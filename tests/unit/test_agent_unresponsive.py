@@ -15,7 +15,8 @@ import pytest
 
 from modelswap_sidecar.agent.core.records import DEV_RUNTIME
 from modelswap_sidecar.agent.core.unresponsive import UnresponsiveRuntimes
-from modelswap_sidecar.agent.settings import SettingsError, settings_from_document
+from modelswap_sidecar.agent.errors import SettingsError
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.engine.heartbeats import Unresponsive, UnresponsiveListener
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving

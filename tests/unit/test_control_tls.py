@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from modelswap_api.tls import pinned_context
 from modelswap_sidecar.agent.errors import SettingsError, StartupError
 from modelswap_sidecar.agent.ports.control_tls import control_certificate
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.control.certificate import ServingCertificate, self_signed
 from tests.support.agent_documents import settings_document
 

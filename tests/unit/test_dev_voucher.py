@@ -18,7 +18,7 @@ import yaml
 from modelswap_api.defaults import BUILTIN_DEFAULTS
 from modelswap_sidecar.agent.assembly import voucher_of
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.engine.vouching import (
     MAX_DEV_MODELS_FILE_BYTES,
     AnyVoucher,

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from modelswap_sidecar.agent.errors import SettingsError
 from modelswap_sidecar.agent.running import gateway_settings
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.gateway.app import make_app, start
 from modelswap_sidecar.gateway.connections import CapsError, open_files_limit
 from modelswap_sidecar.gateway.settings import GatewaySettings

@@ -41,7 +41,7 @@ from modelswap_sidecar.agent.ports import reports
 from modelswap_sidecar.agent.ports.backend import AgentBackend
 from modelswap_sidecar.agent.ports.control_tls import control_certificate
 from modelswap_sidecar.agent.ports.kube_access import api_client
-from modelswap_sidecar.agent.settings import AgentSettings, PolicyLoopSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings, PolicyLoopSettings
 from modelswap_sidecar.allocators.base import Allocator
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.control.settings import ControlSettings

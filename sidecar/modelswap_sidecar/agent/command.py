@@ -23,7 +23,7 @@ from typing import Any
 
 from modelswap_api.logs import configure_logging
 from modelswap_sidecar.agent.errors import SettingsError
-from modelswap_sidecar.agent.settings import load_settings
+from modelswap_sidecar.agent.settings.document import load_settings
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from modelswap_api.models import Link
 from modelswap_sidecar.agent.errors import StartupError
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.allocators.base import Allocator, AllocatorError, Location
 from modelswap_sidecar.gpu import links
 from modelswap_sidecar.gpu.inventory import GpuInventory, NodeGpu, resolve_backend

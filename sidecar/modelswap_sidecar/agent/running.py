@@ -47,7 +47,7 @@ from modelswap_sidecar.agent.ports.drain_ends import (
     end_requests_on_overdue_drains,
 )
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.control.app import make_app
 from modelswap_sidecar.control.app import start as start_control
 from modelswap_sidecar.control.auth import TokenFile

@@ -88,7 +88,7 @@ def agent_document(
     grpc_port: int = 0,
     triton_grpc_url: str | None = None,
 ) -> dict[str, Any]:
-    """The agent's settings (see `agent/settings.py`) for local mode. `allocator` is the
+    """The agent's settings (see `agent/settings/document.py`) for local mode. `allocator` is the
     resolved backend: sim GPUs from `sim_gpu_bytes`, or cuda-vmm over every capable GPU.
     `grpc_port` (with `triton_grpc_url`, Triton's gRPC host:port): the gateway's gRPC front;
     0: none."""

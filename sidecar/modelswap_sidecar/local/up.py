@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from modelswap_sidecar.agent.settings import settings_from_document
+from modelswap_sidecar.agent.settings.document import settings_from_document
 from modelswap_sidecar.engine.hoststore import MEMORY_FILESYSTEMS, filesystem_of
 from modelswap_sidecar.gpu.devices import choose_allocator_backend
 from modelswap_sidecar.local.errors import AlreadyRunningError, LocalModeError

@@ -27,7 +27,7 @@ from typing import Any
 from modelswap_api.models import Link
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.ports.node_report import NodeReporter, url
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.control.service import ControlService
 from modelswap_sidecar.gpu.sim_link import measure_copy_gbps
 from modelswap_sidecar.heartbeat.heartbeat import Heartbeat

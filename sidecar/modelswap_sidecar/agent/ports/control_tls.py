@@ -16,7 +16,7 @@ import logging
 
 from modelswap_sidecar.agent.errors import StartupError
 from modelswap_sidecar.agent.ports.cluster_heartbeat import advertised_host
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings
 from modelswap_sidecar.control.certificate import ServingCertificate, read_files, self_signed
 from modelswap_sidecar.control.errors import CertificateError
 

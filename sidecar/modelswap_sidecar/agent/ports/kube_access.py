@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelswap_sidecar.agent.errors import StartupError
-from modelswap_sidecar.agent.settings import AgentSettings
+from modelswap_sidecar.agent.settings.values import AgentSettings
 
 
 def _reason(error: BaseException) -> str:

@@ -1,5 +1,5 @@
 """The agent's settings as passed down: frozen dataclasses (`AgentSettings` and its
-sections). The document they are read from is described in `agent/settings/__init__.py`."""
+sections). The document they are read from is described in `agent/settings/document.py`."""
 
 from __future__ import annotations
 
