@@ -336,7 +336,11 @@ def placements(
         ready = patient(lambda n=name: objects.condition(n, "Ready"))  # type: ignore[misc]
         if ready.get("status") != "True":
             return None
-        found[obj["metadata"]["uid"]] = (name, obj["status"]["node"])
+        # the object was read before its condition: it may predate the status that says Ready
+        node = obj.get("status", {}).get("node")
+        if not node:
+            return None
+        found[obj["metadata"]["uid"]] = (name, node)
     return found
 
 
