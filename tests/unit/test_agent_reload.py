@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from modelswap_api.control import DesiredEntry
-from modelswap_api.defaults import BUILTIN_DEFAULTS
-from modelswap_api.models import ModelDeploymentSpec
-from modelswap_api.policy import effective_policy
 from modelswap_sidecar.agent.core.actuator import Actuator
 from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.records import DEV_MODEL, DEV_RUNTIME, AgentModel
@@ -28,9 +23,8 @@ from modelswap_sidecar.policy.inputs import PolicySettings
 from modelswap_sidecar.sources.resolver import SourceResolver
 from modelswap_sidecar.triton.driver import TritonDriver
 from modelswap_sidecar.triton.errors import TritonError
+from tests.support.agent_fakes import MIB, SPEC, actuator_over, agent_model
 
-MIB = 1 << 20
-SPEC = {"model": {"source": {"uri": "/models/toy"}, "weightsBytes": "32Mi"}}
 
 
 class FakeEngine:
@@ -78,31 +72,9 @@ class FakeLoader:
         return True
 
 
-def model_of(name: str, serving: Serving, spec: dict[str, Any] = SPEC) -> AgentModel:
-    entry = DesiredEntry(
-        uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-        namespace="ns",
-        name=name,
-        generation=1,
-        spec=ModelDeploymentSpec.from_dict(spec),
-        policy=effective_policy(spec, BUILTIN_DEFAULTS).to_status(),
-    )
-    model = AgentModel(entry=entry, policy=effective_policy(spec, BUILTIN_DEFAULTS))
-    model.serving, model.gpu = serving, 0
-    return model
-
-
-def actuator_over(*models: AgentModel) -> tuple[Actuator, FakeEngine, FakeLoader]:
+def actuator_of(*models: AgentModel) -> tuple[Actuator, FakeEngine, FakeLoader]:
     engine, loader = FakeEngine(), FakeLoader()
-    actuator = Actuator(
-        engine=cast(Engine, engine),
-        loader=cast(ModelLoader, loader),
-        policy=Policy(PolicySettings(), time.monotonic),
-        gpu_uuids=("g0",),
-        metrics=None,
-        records={m.uid: m for m in models},
-    )
-    return actuator, engine, loader
+    return actuator_over(engine, loader, *models), engine, loader
 
 
 async def run_loads() -> None:
@@ -117,8 +89,8 @@ async def settle(actuator: Actuator) -> None:
 
 
 def test_a_loaded_model_is_unloaded_and_loaded_again_keeping_or_dropping_its_host_copy() -> None:
-    kept, dropped = model_of("kept", Serving.LOADED), model_of("dropped", Serving.LOADED)
-    actuator, engine, loader = actuator_over(kept, dropped)
+    kept, dropped = agent_model("kept", Serving.LOADED), agent_model("dropped", Serving.LOADED)
+    actuator, engine, loader = actuator_of(kept, dropped)
 
     async def scenario() -> None:
         result = await actuator.reload(kept, keep_host_copy=True, why="model.py changed")
@@ -140,8 +112,8 @@ def test_a_loaded_model_is_unloaded_and_loaded_again_keeping_or_dropping_its_hos
 
 
 def test_a_reload_whose_unload_triton_refuses_is_refused_and_changes_nothing() -> None:
-    model = model_of("stuck", Serving.LOADED)
-    actuator, engine, loader = actuator_over(model)
+    model = agent_model("stuck", Serving.LOADED)
+    actuator, engine, loader = actuator_of(model)
 
     async def refuse(model: AgentModel, *, release_source: bool = True) -> None:
         raise TritonError("Triton refused to unload it: busy")
@@ -159,12 +131,12 @@ def test_a_reload_whose_unload_triton_refuses_is_refused_and_changes_nothing() -
 
 
 def test_a_failed_model_is_retried_at_once_and_one_that_holds_nothing_is_unchanged() -> None:
-    failed = model_of("failed", Serving.FAILED)
+    failed = agent_model("failed", Serving.FAILED)
     failed.failed_at_seconds = time.monotonic()  # its retry would be a minute away
     failed.failed_generation = 1
-    loading = model_of("loading", Serving.LOADING)  # its load reads the files as they are
-    dropped = model_of("dropped", Serving.DROPPED)  # its next swap-in loads from the files
-    actuator, engine, loader = actuator_over(failed, loading, dropped)
+    loading = agent_model("loading", Serving.LOADING)  # its load reads the files as they are
+    dropped = agent_model("dropped", Serving.DROPPED)  # its next swap-in loads from the files
+    actuator, engine, loader = actuator_of(failed, loading, dropped)
 
     async def scenario() -> None:
         assert (await actuator.reload(failed, keep_host_copy=True, why="fixed")).outcome == (
@@ -182,9 +154,9 @@ def test_a_failed_model_is_retried_at_once_and_one_that_holds_nothing_is_unchang
 
 
 def test_a_dev_model_without_a_process_is_never_reloaded_by_the_policy_loop() -> None:
-    dev, gone = model_of("dev", Serving.LOADED), model_of("gone", Serving.LOADED)
+    dev, gone = agent_model("dev", Serving.LOADED), agent_model("gone", Serving.LOADED)
     dev.runtime_backend = DEV_RUNTIME
-    actuator, engine, _ = actuator_over(dev, gone)
+    actuator, engine, _ = actuator_of(dev, gone)
     engine.added += [dev.triton_name, gone.triton_name]
 
     async def scenario() -> None:
@@ -198,10 +170,10 @@ def test_a_dev_model_without_a_process_is_never_reloaded_by_the_policy_loop() ->
 
 def test_a_dev_models_idle_clock_starts_when_its_process_has_committed() -> None:
     spec = {**SPEC, "swapPolicy": {"idleAfter": "10s", "minResident": "1s"}}
-    dev = model_of("dev", Serving.LOADED, spec)
+    dev = agent_model("dev", Serving.LOADED, spec=spec)
     dev.runtime_backend = DEV_RUNTIME
     dev.resident_since_seconds = 1.0  # when the loader registered it, long ago
-    actuator, engine, _ = actuator_over(dev)
+    actuator, engine, _ = actuator_of(dev)
     clock = [100.0]
     actuator.clock = lambda: clock[0]
     actuator.policy = Policy(PolicySettings(), lambda: clock[0])
@@ -236,7 +208,7 @@ class RecordingDriver:
 
 
 def test_the_loader_registers_a_dev_model_with_the_engine_and_never_loads_it_into_triton() -> None:
-    dev = model_of("dev", Serving.LOADING)
+    dev = agent_model("dev", Serving.LOADING)
     engine, driver = FakeEngine(), RecordingDriver()
     names: set[str] = {dev.triton_name}
     loader = ModelLoader(

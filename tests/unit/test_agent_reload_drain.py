@@ -19,58 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
 
-from modelswap_api.control import DesiredEntry
-from modelswap_api.defaults import BUILTIN_DEFAULTS
-from modelswap_api.models import ModelDeploymentSpec
-from modelswap_api.policy import effective_policy
 from modelswap_sidecar.agent.core.actuator import Actuator
-from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.core.reload_drain import ReloadDrain
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
-from modelswap_sidecar.engine.core import Engine
-from modelswap_sidecar.engine.errors import NoCapacity, UnknownModel
+from modelswap_sidecar.engine.errors import NoCapacity
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
-from modelswap_sidecar.policy.facade import Policy
-from modelswap_sidecar.policy.inputs import PolicySettings
+from tests.support.agent_fakes import ResidentEngine, actuator_over, agent_model
+from tests.support.waiting import until_on_loop
 
-MIB = 1 << 20
-SPEC = {"model": {"source": {"uri": "/models/toy"}, "weightsBytes": "32Mi"}}
 #: Far above any step of these tests on a loaded machine, far below the test's timeout.
 WAIT_SECONDS = 10.0
-
-
-class FakeEngine:
-    """One 128 MiB GPU; every model it knows is resident unless `states` says otherwise."""
-
-    def __init__(self) -> None:
-        self.removed: list[str] = []
-        self.states: dict[str, EngineState] = {}
-
-    def statuses(self) -> list[Any]:
-        return []
-
-    def budget(self, ordinal: int) -> Any:
-        return SimpleNamespace(budget_bytes=128 * MIB)
-
-    def state(self, name: str) -> EngineState:
-        return self.states.get(name, EngineState.RESIDENT)
-
-    def gpu_of(self, name: str) -> int:
-        raise UnknownModel(name)
-
-    def remove_model(self, name: str) -> None:
-        self.removed.append(name)
-
-    def subscribe(self, listener: Any) -> None:
-        pass
 
 
 class FakeLoader:
@@ -109,36 +72,15 @@ class FakeRequests:
         return at_triton
 
 
-def model_of(name: str) -> AgentModel:
-    entry = DesiredEntry(
-        uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-        namespace="ns",
-        name=name,
-        generation=1,
-        spec=ModelDeploymentSpec.from_dict(SPEC),
-        policy=effective_policy(SPEC, BUILTIN_DEFAULTS).to_status(),
-    )
-    model = AgentModel(entry=entry, policy=effective_policy(SPEC, BUILTIN_DEFAULTS))
-    model.serving, model.gpu = Serving.LOADED, 0
-    return model
-
-
 def node_of(
     model: AgentModel,
     *,
     timeout_seconds: float = WAIT_SECONDS,
     grace_seconds: float = WAIT_SECONDS,
     ending_clears: bool = True,
-) -> tuple[Actuator, FakeEngine, FakeLoader, FakeRequests, AgentDirectory]:
-    engine, loader = FakeEngine(), FakeLoader()
-    actuator = Actuator(
-        engine=cast(Engine, engine),
-        loader=cast(ModelLoader, loader),
-        policy=Policy(PolicySettings(), time.monotonic),
-        gpu_uuids=("g0",),
-        metrics=None,
-        records={model.uid: model},
-    )
+) -> tuple[Actuator, ResidentEngine, FakeLoader, FakeRequests, AgentDirectory]:
+    engine, loader = ResidentEngine(), FakeLoader()
+    actuator = actuator_over(engine, loader, model)
     requests = FakeRequests(model, ending_clears=ending_clears)
     actuator.drain_reloads_with(
         ReloadDrain(
@@ -148,27 +90,20 @@ def node_of(
     return actuator, engine, loader, requests, AgentDirectory(actuator)
 
 
-async def until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def loaded(actuator: Actuator, model: AgentModel) -> None:
-    await until(lambda: model.serving is Serving.LOADED, "the reload's load")
+    await until_on_loop(lambda: model.serving is Serving.LOADED, "the reload's load")
     await actuator.close()
 
 
 def test_a_reload_holds_new_requests_and_unloads_only_once_those_in_flight_are_answered() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, directory = node_of(model)
 
     async def scenario() -> None:
         directory.request_started(model.uid)  # one at Triton
         assert directory.is_resident(model.uid)
         reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="asked"))
-        await until(lambda: actuator.held(model.uid), "the hold")
+        await until_on_loop(lambda: actuator.held(model.uid), "the hold")
         # new requests are held: the gateway queues them (its swap-in waits for the reload)
         assert not directory.is_resident(model.uid)
         assert directory.swap_state(model.uid) == "Reloading"  # its progress lines say so
@@ -191,7 +126,7 @@ def test_a_reload_holds_new_requests_and_unloads_only_once_those_in_flight_are_a
 
 
 def test_requests_waiting_in_the_queue_do_not_hold_the_drain() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, _directory = node_of(model)
     model.active_requests = requests.waiting = 3  # all queued (e.g. for an earlier load)
 
@@ -208,7 +143,7 @@ def test_requests_waiting_in_the_queue_do_not_hold_the_drain() -> None:
 
 
 def test_past_the_drain_timeout_the_requests_at_triton_are_ended_then_it_unloads() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, _directory = node_of(model, timeout_seconds=0.3)
     model.active_requests = 2  # never answered by themselves
 
@@ -231,7 +166,7 @@ def test_past_the_drain_timeout_the_requests_at_triton_are_ended_then_it_unloads
 def test_requests_that_outlast_the_grace_period_do_not_stop_the_reload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, _directory = node_of(
         model, timeout_seconds=0.2, grace_seconds=0.2, ending_clears=False
     )
@@ -252,13 +187,13 @@ def test_requests_that_outlast_the_grace_period_do_not_stop_the_reload(
 
 
 def test_a_reload_asked_while_one_is_under_way_joins_it() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, engine, loader, _requests, directory = node_of(model)
     directory.request_started(model.uid)  # holds the first reload in its drain
 
     async def scenario() -> None:
         first = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="one"))
-        await until(lambda: actuator.held(model.uid), "the hold")
+        await until_on_loop(lambda: actuator.held(model.uid), "the hold")
         others = [
             asyncio.create_task(actuator.reload(model, keep_host_copy=keep, why="two"))
             for keep in (True, False, True)
@@ -277,7 +212,7 @@ def test_a_reload_asked_while_one_is_under_way_joins_it() -> None:
 
 
 def test_a_drop_asked_after_the_reload_kept_the_host_copy_runs_after_it() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, engine, loader, _requests, _directory = node_of(model)
 
     async def scenario() -> None:
@@ -296,7 +231,7 @@ def test_a_drop_asked_after_the_reload_kept_the_host_copy_runs_after_it() -> Non
 
 
 def test_without_a_gateway_a_reload_does_not_wait() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, _requests, _directory = node_of(model)
     actuator.reload_drain = None
     model.active_requests = 5
@@ -314,13 +249,13 @@ def test_without_a_gateway_a_reload_does_not_wait() -> None:
 
 def test_a_caller_that_goes_away_does_not_stop_the_reload() -> None:
     """The control API cancels a handler whose client left: only its wait ends."""
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, _requests, directory = node_of(model)
     directory.request_started(model.uid)
 
     async def scenario() -> None:
         caller = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="one"))
-        await until(lambda: actuator.held(model.uid), "the hold")
+        await until_on_loop(lambda: actuator.held(model.uid), "the hold")
         caller.cancel()
         await asyncio.sleep(0.1)
         assert actuator.held(model.uid)  # still draining
@@ -335,7 +270,7 @@ def test_a_caller_that_goes_away_does_not_stop_the_reload() -> None:
 
 
 def test_a_client_swap_in_during_a_reload_is_refused_once_it_unloads() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, engine, loader, requests, directory = node_of(model, timeout_seconds=0.5)
 
     async def scenario() -> None:
@@ -344,7 +279,7 @@ def test_a_client_swap_in_during_a_reload_is_refused_once_it_unloads() -> None:
         directory.request_started(model.uid)  # at Triton, in the model's own swap-in
         loader.waits_for = request_left = asyncio.Event()  # the unload waits for it
         reloading = asyncio.create_task(actuator.reload(model, keep_host_copy=True, why="one"))
-        await until(lambda: actuator.held(model.uid), "the hold")
+        await until_on_loop(lambda: actuator.held(model.uid), "the hold")
         # the engine's thread serving the model process's swap-in request
         asked = asyncio.create_task(
             asyncio.to_thread(actuator.decide_client_swap_in, model.triton_name)
@@ -369,7 +304,7 @@ def test_a_client_swap_in_of_a_model_resident_again_does_not_wait_behind_a_reloa
     brought it back while a reload waited for the model's lock: the request goes on at
     once, and so the reload's drain sees it answered (before, its swap-in queued on the
     lock behind the reload, whose unload then waited on it for a minute)."""
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, _directory = node_of(model)
 
     async def scenario() -> None:

@@ -16,62 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
 
-from modelswap_api.control import DesiredEntry
-from modelswap_api.defaults import BUILTIN_DEFAULTS
-from modelswap_api.models import ModelDeploymentSpec
-from modelswap_api.policy import effective_policy
 from modelswap_sidecar.agent.core.actuator import Actuator
-from modelswap_sidecar.agent.core.loading import ModelLoader
 from modelswap_sidecar.agent.core.records import AgentModel
 from modelswap_sidecar.agent.core.reload_drain import ReloadDrain
 from modelswap_sidecar.agent.ports.gateway_directory import AgentDirectory
-from modelswap_sidecar.engine.core import Engine
-from modelswap_sidecar.engine.errors import NoCapacity, UnknownModel
+from modelswap_sidecar.engine.errors import NoCapacity
 from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.gateway.errors import UnknownModelError
 from modelswap_sidecar.model_states import Serving
-from modelswap_sidecar.policy.facade import Policy
-from modelswap_sidecar.policy.inputs import PolicySettings
+from tests.support.agent_fakes import ResidentEngine, actuator_over, agent_model
+from tests.support.waiting import until_on_loop
 
-MIB = 1 << 20
-SPEC = {"model": {"source": {"uri": "/models/toy"}, "weightsBytes": "32Mi"}}
 #: Far above any step of these tests on a loaded machine, far below the test's timeout.
 WAIT_SECONDS = 10.0
 #: How long a test looks for an unload that must not happen yet: a drain that did not wait
 #: unloads at once (the next loop turn), far within it.
 NOT_YET_SECONDS = 0.2
-
-
-class FakeEngine:
-    """One 128 MiB GPU; every model it knows is resident unless `states` says otherwise."""
-
-    def __init__(self) -> None:
-        self.removed: list[str] = []
-        self.states: dict[str, EngineState] = {}
-
-    def statuses(self) -> list[Any]:
-        return []
-
-    def budget(self, ordinal: int) -> Any:
-        return SimpleNamespace(budget_bytes=128 * MIB)
-
-    def state(self, name: str) -> EngineState:
-        return self.states.get(name, EngineState.RESIDENT)
-
-    def gpu_of(self, name: str) -> int:
-        raise UnknownModel(name)
-
-    def remove_model(self, name: str) -> None:
-        self.removed.append(name)
-
-    def subscribe(self, listener: Any) -> None:
-        pass
 
 
 class FakeLoader:
@@ -109,44 +72,16 @@ class FakeRequests:
         return at_triton
 
 
-def model_of(name: str, *, attaches: bool = True) -> AgentModel:
-    entry = DesiredEntry(
-        uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-        namespace="ns",
-        name=name,
-        generation=1,
-        spec=ModelDeploymentSpec.from_dict(SPEC),
-        policy=effective_policy(SPEC, BUILTIN_DEFAULTS).to_status(),
-    )
-    model = AgentModel(entry=entry, policy=effective_policy(SPEC, BUILTIN_DEFAULTS))
-    model.serving, model.gpu, model.attaches = Serving.LOADED, 0, attaches
-    return model
-
-
 def node_of(
     model: AgentModel, *, timeout_seconds: float = WAIT_SECONDS
-) -> tuple[Actuator, FakeEngine, FakeLoader, FakeRequests, AgentDirectory]:
-    engine, loader = FakeEngine(), FakeLoader(model)
-    actuator = Actuator(
-        engine=cast(Engine, engine),
-        loader=cast(ModelLoader, loader),
-        policy=Policy(PolicySettings(), time.monotonic),
-        gpu_uuids=("g0",),
-        metrics=None,
-        records={model.uid: model},
-    )
+) -> tuple[Actuator, ResidentEngine, FakeLoader, FakeRequests, AgentDirectory]:
+    engine, loader = ResidentEngine(), FakeLoader(model)
+    actuator = actuator_over(engine, loader, model)
     requests = FakeRequests(model)
     actuator.drain_reloads_with(
         ReloadDrain(requests=requests, timeout_seconds=timeout_seconds, end_grace_seconds=1.0)
     )
     return actuator, engine, loader, requests, AgentDirectory(actuator)
-
-
-async def until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 # -- removal: the grace period's unload and DELETE ------------------------------------------
@@ -155,7 +90,7 @@ async def until(condition: Any, what: str) -> None:
 @pytest.mark.parametrize("how", ["unload", "forget"])
 def test_a_removal_unloads_only_once_the_request_in_flight_is_answered(how: str) -> None:
     """`unload`: missing from the set past the grace period; `forget`: DELETE."""
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, engine, loader, requests, directory = node_of(model)
 
     async def scenario() -> None:
@@ -163,7 +98,7 @@ def test_a_removal_unloads_only_once_the_request_in_flight_is_answered(how: str)
         directory.request_started(route.uid)  # one at Triton
         removal = getattr(actuator, how)
         removing = asyncio.create_task(removal(model))
-        await until(lambda: not model.desired, "the removal")
+        await until_on_loop(lambda: not model.desired, "the removal")
         # a request arriving meanwhile gets the removed model's 404, never a queue
         with pytest.raises(UnknownModelError):
             directory.lookup("toy", "ns")
@@ -186,7 +121,7 @@ def test_a_removal_unloads_only_once_the_request_in_flight_is_answered(how: str)
 
 
 def test_a_removal_ends_the_request_at_the_deadline_then_unloads() -> None:
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, _engine, loader, requests, _directory = node_of(model, timeout_seconds=0.3)
     model.active_requests = 1  # never answered by itself
 
@@ -207,7 +142,7 @@ def test_a_removal_ends_the_request_at_the_deadline_then_unloads() -> None:
 def test_a_model_processs_own_swap_in_during_a_removals_drain_is_refused() -> None:
     """Its request is one the drain waits for: a swap-in queued on the model's lock behind
     the removal would hold it until the deadline."""
-    model = model_of("toy")
+    model = agent_model("toy")
     actuator, engine, loader, _requests, directory = node_of(model)
     engine.states[model.triton_name] = EngineState.SWAPPED_OUT
     directory.request_started(model.uid)
@@ -215,7 +150,7 @@ def test_a_model_processs_own_swap_in_during_a_removals_drain_is_refused() -> No
     async def scenario() -> None:
         actuator.listen(asyncio.get_running_loop())
         removing = asyncio.create_task(actuator.unload(model))
-        await until(lambda: not model.desired, "the removal")
+        await until_on_loop(lambda: not model.desired, "the removal")
         with pytest.raises(NoCapacity, match="Removed"):
             await asyncio.to_thread(actuator.decide_client_swap_in, model.triton_name)
         directory.request_finished(model.uid)  # its client got the refusal
@@ -232,14 +167,14 @@ def test_a_model_processs_own_swap_in_during_a_removals_drain_is_refused() -> No
 def test_a_drop_swap_out_holds_new_requests_and_unloads_once_the_one_in_flight_is_answered() -> (
     None
 ):
-    model = model_of("onnx-toy", attaches=False)
+    model = agent_model("onnx-toy", attaches=False)
     actuator, _engine, loader, requests, directory = node_of(model)
 
     async def scenario() -> None:
         directory.request_started(model.uid)  # one at Triton
         assert directory.is_resident(model.uid)
         swapping = asyncio.create_task(actuator.swap_out(model, reason="Manual"))
-        await until(lambda: actuator.held(model.uid), "the hold")
+        await until_on_loop(lambda: actuator.held(model.uid), "the hold")
         # new requests are held: the gateway queues them, as for the engine's swap-out
         assert not directory.is_resident(model.uid)
         assert directory.swap_state(model.uid) == "SwappingOut"
@@ -260,7 +195,7 @@ def test_a_drop_swap_out_holds_new_requests_and_unloads_once_the_one_in_flight_i
 
 
 def test_a_drop_swap_out_ends_the_request_at_the_deadline_then_unloads() -> None:
-    model = model_of("onnx-toy", attaches=False)
+    model = agent_model("onnx-toy", attaches=False)
     actuator, _engine, loader, requests, _directory = node_of(model, timeout_seconds=0.3)
     model.active_requests = 1  # never answered by itself
 
