@@ -26,7 +26,6 @@ from modelswap_sidecar.triton.errors import TritonError
 from tests.support.agent_fakes import MIB, SPEC, actuator_over, agent_model
 
 
-
 class FakeEngine:
     """One 128 MiB GPU; remembers models added and removed."""
 
