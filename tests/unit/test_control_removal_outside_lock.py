@@ -329,3 +329,69 @@ async def test_a_put_taking_a_model_back_while_its_delete_drains(tmp_path: Path)
         assert node.saved_uids() == {node.gone.uid, node.kept.uid, node.other.uid}
     finally:
         await node.close()
+
+
+class RemoveFails(Engine):
+    """An engine that cannot delete a model's host-store bytes: a DELETE fails after the
+    model's unload."""
+
+    def remove_model(self, name: str) -> None:
+        raise RuntimeError("the host store is gone")
+
+
+@pytest.mark.asyncio
+async def test_a_failed_delete_keeps_the_bookkeeping_and_hands_a_taken_back_model_back(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    node.actuator.engine = RemoveFails()  # type: ignore[assignment]
+    try:
+        await node.push(node.gone, node.kept, node.other)
+        await node.push(node.kept, node.other)  # `gone` in its grace period
+        # a set takes it back while its DELETE drains; the DELETE then fails: the model is
+        # handed back all the same, and loaded again
+        node.directory.request_started(node.gone.uid)
+        deleting = asyncio.create_task(node.service.delete(node.gone.uid))
+        await until_on_loop(lambda: node.actuator.draining(node.gone.uid), "the drain")
+        back = await asyncio.wait_for(node.push(node.gone, node.kept, node.other), WAIT_SECONDS)
+        assert {r.uid: r.reason for r in back.results}[node.gone.uid] == "Unloading"
+        node.answer_the_request()
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(deleting, WAIT_SECONDS)
+        await until_on_loop(lambda: node.gone.serving is Serving.LOADED, "its load", WAIT_SECONDS)
+        assert node.gone.desired and node.actuator.records[node.gone.uid] is node.gone
+        assert node.saved_uids() == {node.gone.uid, node.kept.uid, node.other.uid}
+        # dropped again, its DELETE fails: it stays scheduled, as before the DELETE
+        await node.push(node.kept, node.other)
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(node.service.delete(node.gone.uid), WAIT_SECONDS)
+        (info,) = [m for m in await node.service.models() if m.uid == node.gone.uid]
+        assert info.unload_in_seconds == GRACE_SECONDS
+    finally:
+        await node.close()
+
+
+@pytest.mark.asyncio
+async def test_a_failed_take_back_is_logged_and_the_next_push_takes_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = Node(tmp_path)
+    try:
+        unloading = await node.draining_gone()
+        await asyncio.wait_for(node.push(node.gone, node.kept, node.other), WAIT_SECONDS)
+        converge = node.backend.converge
+
+        async def refuse(entries: Sequence[DesiredEntry]) -> Any:
+            raise RuntimeError("the backend refuses")
+
+        node.backend.converge = refuse  # type: ignore[method-assign]
+        node.answer_the_request()
+        assert await asyncio.wait_for(unloading, WAIT_SECONDS) == ()
+        assert "taking " + node.gone.uid + " back into the set failed" in caplog.text
+        assert node.gone.serving is Serving.UNLOADED
+        node.backend.converge = converge  # type: ignore[method-assign]
+        again = await asyncio.wait_for(node.push(node.gone, node.kept, node.other), WAIT_SECONDS)
+        assert {r.uid: r.outcome for r in again.results}[node.gone.uid] == "applied"
+        await until_on_loop(lambda: node.gone.serving is Serving.LOADED, "its load", WAIT_SECONDS)
+    finally:
+        await node.close()
