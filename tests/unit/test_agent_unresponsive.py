@@ -22,7 +22,7 @@ from modelswap_sidecar.engine.states import EngineState
 from modelswap_sidecar.model_states import Serving
 from modelswap_sidecar.triton.stubs import KillOutcome
 from tests.support.agent_documents import settings_document
-from tests.unit.test_agent_reload import model_of
+from tests.support.agent_fakes import agent_model
 
 
 @dataclass
@@ -71,7 +71,7 @@ async def settle() -> None:
 
 
 def run_with(outcome: KillOutcome, *, dev: bool = False) -> tuple[FakeActuator, list[Any]]:
-    model = model_of("frozen", Serving.LOADED)
+    model = agent_model("frozen", Serving.LOADED)
     if dev:
         model.runtime_backend = DEV_RUNTIME
     actuator = FakeActuator({model.uid: model})
