@@ -98,7 +98,7 @@ class InMemoryBackend:
     async def forget(self, uid: str) -> bool:
         return self._records.pop(uid, None) is not None
 
-    def save_desired(self, taken_back: Sequence[DesiredEntry] = ()) -> asyncio.Future[None]:
+    def save_desired(self) -> asyncio.Future[None]:
         """Nothing to save: nothing of this backend outlives the process."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)

@@ -49,7 +49,7 @@ class HeldBackend:
         self.forgotten.append(uid)
         return self.held.pop(uid, None) is not None
 
-    def save_desired(self, taken_back: Sequence[DesiredEntry] = ()) -> asyncio.Future[None]:
+    def save_desired(self) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

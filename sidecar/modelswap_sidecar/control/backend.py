@@ -28,24 +28,20 @@ class NodeBackend(Protocol):
         ...
 
     async def unload(self, uid: str) -> None:
-        """Unload a model dropped from the set; keep its host-store bytes. Idempotent. The
-        control layer calls it without its lock held (it may drain for long): concurrent
-        calls of `converge` never name this uid, nor `unload`/`forget` of it."""
+        """Unload a model dropped from the set; keep its host-store bytes. Idempotent."""
         ...
 
     async def forget(self, uid: str) -> bool:
         """Unload and delete everything held for `uid`, host-store bytes included.
-        False when nothing was held. Called as `unload` is, without the control lock."""
+        False when nothing was held."""
         ...
 
-    def save_desired(self, taken_back: Sequence[DesiredEntry] = ()) -> asyncio.Future[None]:
+    def save_desired(self) -> asyncio.Future[None]:
         """Snapshot the desired entries as they are now, for a restarted agent to take back,
         and return at once: the caller holds the control lock, so the write runs outside
         it. The future is done once this snapshot (or a newer one) is saved; snapshots are
         saved in the order taken. The control layer calls it once per change (a set taken,
-        a batch of unloads, a model forgotten), never per model. `taken_back`: entries the
-        set took back while their model's removal (`unload`, `forget`) runs, saved as
-        desired too (the backend is handed them once the removal ends)."""
+        a batch of unloads, a model forgotten), never per model."""
         ...
 
     async def node_info(self) -> NodeInfo:

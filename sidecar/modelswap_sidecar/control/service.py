@@ -8,14 +8,6 @@
   missing from the set for unload after the grace period.
 - `unload_due` unloads what the grace period has run out on (the app calls it on a timer).
 - `delete` forgets a model that is no longer desired, host-store bytes included.
-- A removal (a grace unload, a delete) decides under the lock, then drains the model and
-  unloads it from Triton with the lock released (a drain waits up to
-  `drainTimeoutSeconds` for the model's requests in flight), then does its bookkeeping
-  under the lock again: PUT and other DELETEs are answered meanwhile. Removals of one uid
-  run one at a time (`_Removal.lock`). A set that takes back a model being removed answers
-  it `deferred` (`Unloading`) and hands it to the backend once the removal ends (the
-  backend never sees a model taken back halfway through its unload); until then every
-  save of the desired entries includes it, so a restart does not lose it.
 - After each change (a set taken, a batch of unloads, a delete) the backend saves its
   desired entries once (`save_desired`): a snapshot taken under the lock, written after
   the lock is released; the answer waits for the write, not the lock.
@@ -29,10 +21,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from modelswap_api.control import (
@@ -57,30 +48,12 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-#: The reason of an entry taken back into the set while its model is being removed.
-UNLOADING_REASON = "Unloading"
-
 
 @dataclass(frozen=True)
 class _Identity:
     namespace: str
     name: str
     generation: int
-
-
-@dataclass
-class _Removal:
-    """A model's removals, run outside the control lock (their drain and Triton's unload)."""
-
-    #: held by the removal under way: a uid's removals run one at a time
-    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-    #: removals of the uid waiting or under way (the record goes when none is left)
-    users: int = 0
-    #: a removal is past its decision: drains or unloads now
-    under_way: bool = False
-    #: the entry a set took the model back with meanwhile (None: not taken back, or
-    #: dropped again by a later set), handed to the backend once the removal ends
-    taken_back: DesiredEntry | None = None
 
 
 class ControlService:
@@ -108,8 +81,6 @@ class ControlService:
         self._identities: dict[str, _Identity] = {}
         self._identities_seeded = False
         self._lock = asyncio.Lock()
-        #: per uid, its removals (held only while one waits or runs)
-        self._removals: dict[str, _Removal] = {}
 
     # --- the desired set -------------------------------------------------------------------
 
@@ -132,10 +103,7 @@ class ControlService:
             self._unloaded -= desired.uids
             self._desired = desired.uids
             self._pushed = True
-            for uid, removal in self._removals.items():
-                if uid not in desired.uids:
-                    removal.taken_back = None  # dropped again: the removal's outcome stands
-            saved = self._save_desired()
+            saved = self.backend.save_desired()
             assert self._revision is not None
             counts = {o: sum(r.outcome == o for r in results) for o in ("applied", "deferred")}
             logger.info(
@@ -190,21 +158,6 @@ class ControlService:
             result = self._check_identity(entry)
             if result is not None:
                 decided[entry.uid] = result
-        for entry in entries:
-            removal = self._removals.get(entry.uid)
-            if entry.uid in decided or removal is None or not removal.under_way:
-                continue
-            # its drain or unload runs outside the lock: the backend takes it back once that
-            # ends (`_removed`), never halfway through
-            removal.taken_back = entry
-            self._identities[entry.uid] = _Identity(entry.namespace, entry.name, entry.generation)
-            decided[entry.uid] = EntryResult(
-                uid=entry.uid,
-                outcome="deferred",
-                reason=UNLOADING_REASON,
-                message="being removed from this node (its requests drain, then it leaves "
-                "Triton); loaded again once that ends",
-            )
         passed = [e for e in entries if e.uid not in decided]
         answers = list(await self.backend.converge(passed)) if passed else []
         if [a.uid for a in answers] != [e.uid for e in passed]:
@@ -250,128 +203,51 @@ class ControlService:
     async def unload_due(self) -> tuple[str, ...]:
         """Unload every model whose grace period has run out; the uids unloaded.
 
-        The lock is taken per model, not for the whole batch, and only for the decision and
-        the bookkeeping: a model's drain (its requests in flight, up to
-        `drainTimeoutSeconds`) and its unload from Triton run with the lock released, so PUT
-        and DELETE go on being answered meanwhile and between models (a set shrinking from
-        thousands of entries unloads thousands of models). A model a PUT brought back or a
-        DELETE forgot before its turn is skipped, as is one whose other removal is under
-        way (its DELETE: the next check looks again); one a PUT takes back while it is
-        being unloaded is handed back to the backend once the unload ends (`_removed`).
-        The desired entries are saved once for the batch, written after the lock is
-        released."""
+        The lock is taken per model, not for the whole batch: a set shrinking from
+        thousands of entries unloads thousands of models, and PUT and DELETE go on being
+        answered between them (a model a PUT brought back or a DELETE forgot meanwhile is
+        skipped). The desired entries are saved once for the batch, written after the lock
+        is released."""
         done: list[str] = []
-        changed = False
         for uid in self._schedule.due(self._clock()):
-            if uid in self._removals:
-                continue  # its DELETE runs: forgotten, or still held and looked at again
-            async with self._removal(uid) as removal:
-                async with self._lock:
-                    deadline = self._schedule.deadlines.get(uid)
-                    if deadline is None or deadline > self._clock():
-                        continue  # back in the set, or deleted, while earlier ones unloaded
-                    removal.under_way = True
+            async with self._lock:
+                deadline = self._schedule.deadlines.get(uid)
+                if deadline is None or deadline > self._clock():
+                    continue  # back in the set, or deleted, while earlier ones unloaded
                 try:
                     await self.backend.unload(uid)
-                    unloaded = True
                 except Exception:
                     logger.exception("unloading %s failed; retrying on the next check", uid)
-                    unloaded = False
-                async with self._lock:
-                    if await self._removed(uid, removal):
-                        changed = True  # taken back meanwhile: it is desired again
-                        continue
-                    if not unloaded or uid not in self._schedule.deadlines:
-                        continue
-                    self._schedule = self._schedule.without(uid)
-                    self._unloaded.add(uid)
-                    done.append(uid)
-                    logger.info("unloaded %s: missing from the desired set past its grace", uid)
-        if done or changed:
+                    continue
+                self._schedule = self._schedule.without(uid)
+                self._unloaded.add(uid)
+                done.append(uid)
+                logger.info("unloaded %s: missing from the desired set past its grace", uid)
+        if done:
             async with self._lock:
-                saved = self._save_desired()
+                saved = self.backend.save_desired()
             await _saved(saved)
         return tuple(done)
 
     async def delete(self, uid: str) -> ActionResult:
-        """Forget a model the set no longer holds, host-store bytes included. The answer
-        comes once it is forgotten (its drain and unload included), but the lock is not
-        held meanwhile: a PUT taking it back is answered `deferred` and loads it again
-        after the forgetting; a removal of it already under way (its grace unload, another
-        DELETE) is waited for first."""
-        async with self._removal(uid) as removal:
-            async with self._lock:
-                if await self._is_desired(uid):
-                    raise RefusedError(
-                        "StillDesired",
-                        f"{uid} is in the desired set; remove it from the set first",
-                    )
-                removal.under_way = True
-            try:
-                held = await self.backend.forget(uid)
-            except BaseException:
-                # failed: the bookkeeping stays as it was (a model taken back meanwhile is
-                # handed to the backend; the push that took it back saved it)
-                async with self._lock:
-                    await self._removed(uid, removal)
-                raise
-            async with self._lock:
-                self._schedule = self._schedule.without(uid)
-                self._unloaded.discard(uid)
-                self._identities.pop(uid, None)
-                await self._removed(uid, removal)
-                # Saved even when nothing was held: a retried DELETE whose first save
-                # failed must still take the uid off the saved set (else a restart brings
-                # it back).
-                saved = self._save_desired()
+        """Forget a model the set no longer holds, host-store bytes included."""
+        async with self._lock:
+            if await self._is_desired(uid):
+                raise RefusedError(
+                    "StillDesired", f"{uid} is in the desired set; remove it from the set first"
+                )
+            held = await self.backend.forget(uid)
+            self._schedule = self._schedule.without(uid)
+            self._unloaded.discard(uid)
+            self._identities.pop(uid, None)
+            # Saved even when nothing was held: a retried DELETE whose first save failed
+            # must still take the uid off the saved set (else a restart brings it back).
+            saved = self.backend.save_desired()
         await _saved(saved)
         if not held:
             return ActionResult(uid=uid, outcome="unchanged", reason="NotHeld")
         logger.info("forgot %s and its host-store bytes", uid)
         return ActionResult(uid=uid, outcome="completed", reason="Forgotten")
-
-    @contextlib.asynccontextmanager
-    async def _removal(self, uid: str) -> AsyncIterator[_Removal]:
-        """The uid's removal record, its lock held (taken without the control lock: the
-        order is removal lock, then control lock)."""
-        removal = self._removals.setdefault(uid, _Removal())
-        removal.users += 1
-        try:
-            async with removal.lock:
-                yield removal
-        finally:
-            removal.users -= 1
-            if removal.users == 0:
-                self._removals.pop(uid, None)
-
-    async def _removed(self, uid: str, removal: _Removal) -> bool:
-        """Under the lock, once a removal's backend work ended: a set that took the model
-        back meanwhile has its entry handed to the backend now (placed and loaded again);
-        True when it did."""
-        removal.under_way = False
-        entry, removal.taken_back = removal.taken_back, None
-        if entry is None or uid not in self._desired:
-            return False
-        self._schedule = self._schedule.without(uid)
-        self._unloaded.discard(uid)
-        try:
-            results = await self._converge([entry])
-        except Exception:
-            logger.exception("taking %s back into the set failed; the next push retries", uid)
-            return True
-        logger.info(
-            "took %s back into the set after its removal: %s (%s)",
-            uid,
-            results[0].outcome,
-            results[0].reason,
-        )
-        return True
-
-    def _save_desired(self) -> asyncio.Future[None]:
-        """`backend.save_desired`, with the entries taken back while their removal runs
-        (the backend no longer counts them desired until it ends)."""
-        taken_back = [r.taken_back for r in self._removals.values() if r.taken_back is not None]
-        return self.backend.save_desired(taken_back)
 
     async def _is_desired(self, uid: str) -> bool:
         if self._pushed:

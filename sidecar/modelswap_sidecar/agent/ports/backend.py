@@ -381,18 +381,14 @@ class AgentBackend:
             await self.actuator.forget(model)
         return bool(held)
 
-    def save_desired(self, taken_back: Sequence[DesiredEntry] = ()) -> asyncio.Future[None]:
+    def save_desired(self) -> asyncio.Future[None]:
         """Snapshot the desired entries now; written in the background, in order. An
         instance being replaced is saved too, before the one replacing it: a restarted
         agent readopts both (`adoption`), the last of a uid as the current one, and the
-        rollout goes on with the next push. `taken_back` (entries the set took back while
-        their model is being removed, not desired here until the removal ends) come last,
-        each as the current one of its uid."""
+        rollout goes on with the next push."""
         desired = [m for m in self.records.values() if m.desired]
         entries = [m.entry for m in desired if m.superseded]
         entries += [m.entry for m in desired if not m.superseded]
-        back = {e.uid for e in taken_back}
-        entries = [e for e in entries if e.uid not in back] + list(taken_back)
         return self.desired_writer.submit(entries)
 
     async def flush_desired(self) -> None:
